@@ -1,0 +1,40 @@
+"""Package settings, read when weights are packed or when kernel code is generated.
+
+Nothing here is read inside ``forward``: a compiled graph or a loaded native kernel keeps the
+choice that was made when it was built.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional
+
+#: Force one micro-kernel ISA instead of the best the CPU offers: ``"amx"``, ``"avx512"``,
+#: ``"portable"`` or ``None`` (auto). Used by tests and golden codegen tests.
+force_isa: Optional[str] = None
+
+#: Rows of activations from which the AMX bf16 micro-kernel is used instead of the
+#: AVX512-BF16 decode kernel (bf16/fp16 activations). Measured with benchmarks/bench_linear.py.
+amx_min_m: int = 5
+
+#: Threads the generated kernels use; ``None`` means ``torch.get_num_threads()`` at codegen time.
+num_threads: Optional[int] = None
+
+ISAS = ("amx", "avx512", "portable")
+
+
+@contextlib.contextmanager
+def patch(**changes) -> Iterator[None]:
+    """Temporarily change settings: ``with config.patch(force_isa="portable"): ...``."""
+    g = globals()
+    old = {}
+    for name, value in changes.items():
+        if name not in g or name.startswith("_") or name in ("patch", "ISAS"):
+            raise ValueError(f"unknown awq_inductor.config setting {name!r}")
+        if name == "force_isa" and value is not None and value not in ISAS:
+            raise ValueError(f"force_isa: expected one of {ISAS} or None, got {value!r}")
+        old[name] = g[name]
+        g[name] = value
+    try:
+        yield
+    finally:
+        g.update(old)

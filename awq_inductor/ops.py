@@ -1,0 +1,79 @@
+"""The ``awq::int4_mm`` custom op: schema, fake (meta) impl, CPU eager impl.
+
+    awq::int4_mm(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor? bias,
+                 int group_size, int out_features) -> Tensor
+
+``x`` is [M, K] (bf16, fp16 or fp32); ``qweight``/``scales``/``zeros`` are the kernel layout of
+:mod:`awq_inductor.packing`; ``bias`` is fp32 [N] or None. Returns ``x @ W.T (+ bias)`` as
+[M, N] in x's dtype, with W = (q - z) * s. ``group_size`` and ``out_features`` are plain ``int``
+(not SymInt): they are properties of the weights and fixed at trace time.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import packing
+
+SCHEMA = (
+    "(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor? bias, "
+    "int group_size, int out_features) -> Tensor"
+)
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+torch.library.define("awq::int4_mm", SCHEMA)
+int4_mm = torch.ops.awq.int4_mm
+
+
+def check_int4_mm_args(x, qweight, scales, zeros, bias, group_size: int, out_features: int) -> None:
+    """Raise ValueError naming the tensor, the expected and the actual value. Works on fake tensors
+    (only static properties are compared; M may be symbolic)."""
+    if x.dtype not in ACT_DTYPES:
+        raise ValueError(f"x: expected dtype in (bfloat16, float16, float32), got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [M, K] tensor, got {x.dim()}-D {list(x.shape)}")
+    if qweight.dtype != torch.uint8 or qweight.dim() != 3 or qweight.shape[2] != packing.BLOCK_N:
+        raise ValueError(
+            f"qweight: expected uint8 [Np, K/2, {packing.BLOCK_N}] (packing.pack_for_kernel), "
+            f"got {qweight.dtype} {list(qweight.shape)}")
+    np_, kh = qweight.shape[0], qweight.shape[1]
+    K, npad = 2 * kh, np_ * packing.BLOCK_N
+    if x.shape[1] != K:
+        raise ValueError(f"x: expected last dim K={K} (in_features), got {x.shape[1]}")
+    if not (npad - packing.BLOCK_N < out_features <= npad):
+        raise ValueError(f"out_features: expected a value in ({npad - packing.BLOCK_N}, {npad}] "
+                         f"for qweight {list(qweight.shape)}, got {out_features}")
+    if group_size <= 0 or K % group_size or group_size % 2:
+        raise ValueError(f"group_size: expected an even divisor of K={K}, got {group_size}")
+    ng = K // group_size
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (ng, npad):
+        raise ValueError(f"scales: expected float32 [{ng}, {npad}], got {scales.dtype} {list(scales.shape)}")
+    if zeros.dtype != torch.uint8 or tuple(zeros.shape) != (ng, npad):
+        raise ValueError(f"zeros: expected uint8 [{ng}, {npad}], got {zeros.dtype} {list(zeros.shape)}")
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (out_features,)):
+        raise ValueError(f"bias: expected float32 [{out_features}], got {bias.dtype} {list(bias.shape)}")
+
+
+@torch.library.register_fake("awq::int4_mm")
+def _int4_mm_fake(x, qweight, scales, zeros, bias, group_size, out_features):
+    check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, out_features)
+    return x.new_empty((x.shape[0], out_features))
+
+
+def int4_mm_reference(x, qweight, scales, zeros, bias, group_size: int, out_features: int) -> torch.Tensor:
+    """Dequantize the whole weight and multiply in fp32: the test oracle, never the user path."""
+    w = packing.dequantize_kernel_layout(qweight, scales, zeros, group_size, out_features)
+    y = x.to(torch.float32) @ w.t()
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
+
+
+@torch.library.impl("awq::int4_mm", "CPU")
+def _int4_mm_cpu(x, qweight, scales, zeros, bias, group_size, out_features):
+    check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, out_features)
+    if x.shape[0] == 0:
+        return x.new_empty((0, out_features))
+    from . import native  # compiled once per (ISA, dtype), cached on disk
+
+    kernel = native.get_kernel(x.dtype)
+    return kernel(x.contiguous(), qweight, scales, zeros, bias, group_size, out_features)
