@@ -1,0 +1,349 @@
+"""The model pass: int4 linears -> :class:`AWQLinear`, then q/k/v and gate/up fusion.
+
+:func:`convert` (idempotent, returns the model):
+
+1. **Replacement.** Every int4 linear becomes an :class:`AWQLinear`: the loading placeholders of
+   :mod:`awq_inductor.hf` (:class:`~awq_inductor.hf.CheckpointInt4Linear`) and foreign modules built
+   by gptqmodel / AutoAWQ / llm-awq, recognised by duck typing (``qweight``, ``qzeros``, ``scales``
+   tensors plus ``w_bit`` or ``bits`` and ``group_size``) without importing those packages. Each
+   new module records where it came from in ``awq_source`` (format, scales/bias dtypes, parts) so
+   that :func:`checkpoint_state_dict` can write the original checkpoint format back.
+
+2. **Fusion.** A module whose ``q_proj``/``k_proj``/``v_proj`` (or ``gate_proj``/``up_proj``)
+   are all AWQLinear with the same in_features, group size, checkpoint format and scales dtype gets
+   one fused AWQLinear (``qkv_proj`` / ``gate_up_proj``) built in canonical form: q, zeros and
+   scales concatenated along N, biases concatenated with zeros for the ones that have none. The
+   old attributes become :class:`OutputSlice` views (``y[..., a:b]``) of the fused output, with
+   explicit GQA bounds [0, Hq*d), [Hq*d, Hq*d + Hkv*d), ... taken from each part's out_features.
+   The module's class is swapped for a cached subclass whose ``forward`` runs the fused linear
+   once on the input and hands its output to the architecture's own ``forward`` in place of the
+   hidden states: the original body then "projects" by slicing. This keeps every detail of the
+   architecture's forward (rotary, cache, sliding window, q/k norms, attention interface) and is
+   plain tensor code, so it traces under torch.compile without graph breaks and gives the same
+   numbers as the unfused model.
+
+   That substitution is only valid when the forward uses its input solely as the argument of
+   those projections and for ``.shape``; :func:`_fusable_forward` checks this on the forward's
+   AST (Llama, Qwen2, Qwen3, Mistral, Gemma... attention and gated MLPs pass; anything else, e.g.
+   a forward that also feeds the input to a residual or a gate, is left unfused: correct, just
+   one more int4_mm per projection). Pre-fused checkpoints (Phi-3 ``qkv_proj``, ``gate_up_proj``)
+   are single int4 linears already and stay as they are.
+
+With fusion a Llama / Qwen2 / Mistral / Phi-3 decoder layer runs 4 int4_mm calls: qkv, o, gate|up, down.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import formats
+from .modules import AWQLinear
+
+ACT_QUANT_CHOICES = (None, "int8")
+#: (fused attribute, parts in output order)
+FUSIONS = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+)
+
+
+class OutputSlice(nn.Module):
+    """Stands in for a projection that was fused: returns ``y[..., start:stop]`` of the fused output."""
+
+    def __init__(self, start: int, stop: int, fused: str):
+        super().__init__()
+        self.start = start
+        self.stop = stop
+        self.fused = fused
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return y[..., self.start:self.stop]
+
+    def extra_repr(self) -> str:
+        return f"{self.fused}[..., {self.start}:{self.stop}]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Recognising int4 modules
+# ---------------------------------------------------------------------------------------------
+def _is_placeholder(mod: nn.Module) -> bool:
+    from .hf import CheckpointInt4Linear
+
+    return isinstance(mod, CheckpointInt4Linear)
+
+
+def is_foreign_int4_linear(mod: nn.Module) -> bool:
+    """gptqmodel / AutoAWQ / llm-awq style int4 linear (duck typed)."""
+    if isinstance(mod, AWQLinear) or _is_placeholder(mod):
+        return False
+    has_t = all(isinstance(getattr(mod, n, None), torch.Tensor) for n in ("qweight", "qzeros", "scales"))
+    bits = getattr(mod, "w_bit", getattr(mod, "bits", None))
+    return has_t and bits is not None and hasattr(mod, "group_size")
+
+
+def _foreign_format(mod: nn.Module) -> str:
+    name = type(mod).__name__.lower().replace("_", "")
+    if any(t in name for t in ("gemvfast", "llmawq")) or mod.qweight.dtype == torch.int16:
+        return "gemv_fast"
+    if "gemv" in name:
+        return "gemv"
+    if "awq" in name or "wqlinear" in name:
+        return "gemm"
+    qzf = getattr(mod, "qzero_format", None)
+    if callable(qzf):
+        try:
+            return "gptq_v2" if qzf() == 2 else "gptq"
+        except Exception:  # noqa: BLE001 - foreign API, best effort
+            pass
+    return "gptq"
+
+
+def _to_awq_linear(mod: nn.Module) -> AWQLinear:
+    if _is_placeholder(mod):
+        fmt = mod.format
+        new = mod.to_awq_linear()
+    else:
+        bits = getattr(mod, "w_bit", getattr(mod, "bits", None))
+        if bits != 4:
+            raise NotImplementedError(f"{type(mod).__name__}: only 4-bit int4 linears are supported, got {bits} bits")
+        fmt = _foreign_format(mod)
+        in_f = getattr(mod, "in_features", None)
+        if in_f is None:
+            in_f = mod.qweight.shape[0] * 8 if fmt.startswith("gptq") else formats.infer_shape(mod.qweight, fmt)[0]
+        gs = int(mod.group_size)
+        gs = in_f if gs in (-1, 0) else gs
+        bias = getattr(mod, "bias", None)
+        bias = bias if isinstance(bias, torch.Tensor) else None
+        if fmt.startswith("gptq"):
+            new = AWQLinear.from_gptq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, checkpoint_format=fmt)
+        else:
+            new = AWQLinear.from_awq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, format=fmt)
+    bias = getattr(mod, "bias", None)
+    new.awq_source = {
+        "format": fmt,
+        "scales_dtype": mod.scales.dtype,
+        "bias_dtype": bias.dtype if isinstance(bias, torch.Tensor) else None,
+        "parts": None,  # unfused: the module itself
+    }
+    return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Fusion
+# ---------------------------------------------------------------------------------------------
+def _forward_input_name(fn) -> Optional[str]:
+    try:
+        params = list(inspect.signature(inspect.unwrap(fn)).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if len(params) < 2 or params[1].kind not in (params[1].POSITIONAL_ONLY, params[1].POSITIONAL_OR_KEYWORD):
+        return None
+    return params[1].name
+
+
+_FUSABLE_CACHE: Dict[Tuple[type, Tuple[str, ...]], Optional[str]] = {}
+
+
+def _fusable_forward(cls: type, parts: Tuple[str, ...]) -> Optional[str]:
+    """Name of the forward's input if it is used only as ``self.<part>(x)`` (once per part) and
+    ``x.shape``; else None (do not fuse)."""
+    key = (cls, parts)
+    if key in _FUSABLE_CACHE:
+        return _FUSABLE_CACHE[key]
+    result = None
+    try:
+        fn = inspect.unwrap(cls.forward)
+        arg = _forward_input_name(fn)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        fdef = tree.body[0]
+        if arg is not None and isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls = {p: 0 for p in parts}
+            ok_names = set()
+            bad = False
+            for node in ast.walk(fdef):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
+                        and node.func.attr in parts:
+                    if len(node.args) == 1 and not node.keywords and isinstance(node.args[0], ast.Name) \
+                            and node.args[0].id == arg:
+                        calls[node.func.attr] += 1
+                        ok_names.add(id(node.args[0]))
+                    else:
+                        bad = True
+                if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name) \
+                        and node.value.id == arg:
+                    ok_names.add(id(node.value))
+            # every self.<part> must be a call target; every use of the input must be whitelisted
+            for node in ast.walk(fdef):
+                if isinstance(node, ast.Name) and node.id == arg and id(node) not in ok_names:
+                    bad = True
+            attr_uses = sum(1 for node in ast.walk(fdef) if isinstance(node, ast.Attribute)
+                            and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in parts)
+            if not bad and all(c == 1 for c in calls.values()) and attr_uses == len(parts):
+                result = arg
+    except (OSError, TypeError, SyntaxError, IndexError):
+        result = None
+    _FUSABLE_CACHE[key] = result
+    return result
+
+
+_FUSED_CLASSES: Dict[Tuple[type, str, str], type] = {}
+
+
+def _fused_class(cls: type, fused_attr: str, arg: str) -> type:
+    key = (cls, fused_attr, arg)
+    if key in _FUSED_CLASSES:
+        return _FUSED_CLASSES[key]
+    orig_forward = cls.forward
+
+    def forward(self, *args, **kwargs):
+        fused = getattr(self, fused_attr)
+        if args:
+            args = (fused(args[0]),) + tuple(args[1:])
+        else:
+            kwargs[arg] = fused(kwargs[arg])
+        return orig_forward(self, *args, **kwargs)
+
+    forward.__doc__ = (f"{cls.__name__}.forward with one fused int4 linear ({fused_attr}) whose output "
+                       f"slices stand in for the separate projections.")
+    new_cls = type(f"AWQFused{cls.__name__}", (cls,), {"forward": forward, "_awq_fused_attr": fused_attr,
+                                                        "_awq_base_class": cls})
+    new_cls.__module__ = cls.__module__
+    _FUSED_CLASSES[key] = new_cls
+    return new_cls
+
+
+def fusion_blocker(mods: List[AWQLinear]) -> Optional[str]:
+    """Why these AWQLinear cannot be fused (None if they can)."""
+    first = mods[0]
+    for m in mods[1:]:
+        if m.in_features != first.in_features:
+            return "different in_features"
+        if m.group_size != first.group_size:
+            return "different group sizes"
+        sa, sb = getattr(first, "awq_source", {}) or {}, getattr(m, "awq_source", {}) or {}
+        if sa.get("format") != sb.get("format"):
+            return "different checkpoint formats"
+        if sa.get("scales_dtype") != sb.get("scales_dtype"):
+            return "different scales dtypes"
+    return None
+
+
+def fuse_linears(mods: List[AWQLinear], names: List[str]) -> AWQLinear:
+    """One AWQLinear computing ``cat([m(x) for m in mods], -1)``, built in canonical form."""
+    qs, zs, ss, bs = [], [], [], []
+    any_bias = any(m.bias is not None for m in mods)
+    for m in mods:
+        q, z, s = m.canonical()
+        qs.append(q)
+        zs.append(z)
+        ss.append(s)
+        if any_bias:
+            bs.append(m.bias.detach() if m.bias is not None else torch.zeros(m.out_features, dtype=torch.float32))
+    bias = torch.cat(bs) if any_bias else None
+    fused = AWQLinear.from_canonical(torch.cat(qs), torch.cat(zs), torch.cat(ss), bias, group_size=mods[0].group_size)
+    src0 = getattr(mods[0], "awq_source", None) or {}
+    bias_dtype = next((getattr(m, "awq_source", {}).get("bias_dtype") for m in mods
+                       if getattr(m, "awq_source", {}).get("bias_dtype") is not None), None)
+    fused.awq_source = {
+        "format": src0.get("format"),
+        "scales_dtype": src0.get("scales_dtype"),
+        "bias_dtype": bias_dtype,
+        "parts": [(n, m.out_features, m.bias is not None) for n, m in zip(names, mods)],
+    }
+    return fused
+
+
+def _fuse_module(module: nn.Module, fused_attr: str, parts: Tuple[str, ...]) -> bool:
+    if hasattr(module, "_awq_fused_attr") or fused_attr in module._modules:
+        return False
+    mods = [module._modules.get(p) for p in parts]
+    if not all(isinstance(m, AWQLinear) for m in mods):
+        return False
+    if fusion_blocker(mods) is not None:
+        return False
+    arg = _fusable_forward(type(module), parts)
+    if arg is None:
+        return False
+    fused = fuse_linears(mods, list(parts))
+    module.add_module(fused_attr, fused)
+    off = 0
+    for p, m in zip(parts, mods):
+        module._modules[p] = OutputSlice(off, off + m.out_features, fused_attr)
+        off += m.out_features
+    module.__class__ = _fused_class(type(module), fused_attr, arg)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = True,
+            progress: Optional[callable] = None) -> nn.Module:
+    """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
+
+    Idempotent; returns ``model``. ``act_quant``: None, or "int8" (W4A8, not implemented yet).
+    ``progress(done, total, name)`` is called after each replaced module (for UIs).
+    """
+    if act_quant not in ACT_QUANT_CHOICES:
+        raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
+    if act_quant == "int8":
+        raise NotImplementedError("act_quant='int8' (W4A8) is not implemented yet")
+    todo = [(n, m) for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
+    for i, (name, mod) in enumerate(todo):
+        try:
+            new = _to_awq_linear(mod)
+        except (ValueError, NotImplementedError) as e:
+            raise type(e)(f"{name}: {e}") from e
+        model.set_submodule(name, new)
+        if progress is not None:
+            progress(i + 1, len(todo), name)
+    if fuse:
+        for name, module in list(model.named_modules()):
+            for fused_attr, parts in FUSIONS:
+                _fuse_module(module, fused_attr, parts)
+    model._awq_inductor_converted = True
+    return model
+
+
+def count_int4_linears(module: nn.Module) -> int:
+    return sum(1 for m in module.modules() if isinstance(m, AWQLinear))
+
+
+def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every AWQLinear written back in its checkpoint format under the
+    original module names (fused modules split again). Used by ``save_pretrained``."""
+    sd = model.state_dict()
+    for name, mod in model.named_modules():
+        if not isinstance(mod, AWQLinear):
+            continue
+        prefix = f"{name}." if name else ""
+        for t in ("qweight", "scales", "zeros", "bias"):
+            sd.pop(prefix + t, None)
+        src = getattr(mod, "awq_source", None) or {}
+        fmt = src.get("format") or default_format
+        sdt = src.get("scales_dtype") or torch.float16
+        bdt = src.get("bias_dtype") or sdt
+        parent = name.rpartition(".")[0]
+        parts = src.get("parts") or [(name.rpartition(".")[2], mod.out_features, mod.bias is not None)]
+        q, z, s = mod.canonical()
+        off = 0
+        for part, n, has_bias in parts:
+            pname = f"{parent}.{part}" if parent else part
+            sl = slice(off, off + n)
+            qi, zi, si = q[sl].contiguous(), z[sl].contiguous(), s[sl].to(sdt).contiguous()
+            if fmt.startswith("gptq"):
+                qw, qz, sc = formats.pack_gptq(qi, zi, si, mod.group_size, checkpoint_format=fmt)
+                sd[f"{pname}.g_idx"] = (torch.arange(mod.in_features, dtype=torch.int32) // mod.group_size)
+            else:
+                qw, qz, sc = formats.pack_awq(qi, zi, si, group_size=mod.group_size, format=fmt)
+            sd[f"{pname}.qweight"], sd[f"{pname}.qzeros"], sd[f"{pname}.scales"] = qw, qz, sc
+            if has_bias:
+                sd[f"{pname}.bias"] = mod.bias[sl].to(bdt).contiguous()
+            off += n
+    return sd

@@ -1,0 +1,183 @@
+"""Helpers to make real AWQ / GPTQ checkpoints from float models (tests, demo, benchmarks).
+
+No network: models are real transformers classes built from their Config objects with random
+weights. :func:`save_quantized` quantizes every ``nn.Linear`` (except the output embedding and
+``modules_to_not_convert``) with AutoAWQ's formula, packs it in the requested checkpoint format
+with :mod:`awq_inductor.formats`, writes ``model.safetensors`` + ``config.json`` carrying the
+real ``quantization_config``, and returns the *reference* float model: the same model with each
+quantized weight replaced by its dequantization ``(q - z) * s``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+from torch import nn
+
+from . import formats
+
+ARCHS = ("llama", "qwen2", "mistral", "phi3")
+
+
+def quantize_weight(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype = torch.float16
+                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """AutoAWQ ``pseudo_quantize_tensor`` (asymmetric, per group along K) -> canonical
+    (q uint8 [N, K], zeros uint8 [N, K/G], scales [N, K/G] in ``scales_dtype``)."""
+    N, K = w.shape
+    G = formats.resolve_group_size(group_size, K)
+    wg = w.detach().to(torch.float32).reshape(N, K // G, G)
+    mx, mn = wg.amax(-1), wg.amin(-1)
+    s = ((mx - mn).clamp(min=1e-5) / 15).to(scales_dtype).to(torch.float32)
+    z = torch.clamp(-torch.round(mn / s), 0, 15)
+    q = torch.clamp(torch.round(wg / s[..., None]) + z[..., None], 0, 15)
+    return (q.reshape(N, K).to(torch.uint8), z.to(torch.uint8), s.to(scales_dtype))
+
+
+def dequantize(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """fp32 [N, K] weight of a canonical triple."""
+    G = formats.resolve_group_size(group_size, q.shape[1])
+    zk = zeros.to(torch.float32).repeat_interleave(G, 1)
+    sk = scales.to(torch.float32).repeat_interleave(G, 1)
+    return (q.to(torch.float32) - zk) * sk
+
+
+def tiny_config(arch: str = "llama", **overrides):
+    """A small config of a real transformers architecture (GQA by default)."""
+    import transformers
+
+    common = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=False)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(**{**common, **overrides})
+    elif arch == "qwen2":
+        cfg = transformers.Qwen2Config(**{**common, **overrides})
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(**{**common, "sliding_window": None, **overrides})
+    elif arch == "phi3":
+        cfg = transformers.Phi3Config(**{**common, "pad_token_id": 0, **overrides})
+    else:
+        raise ValueError(f"arch: expected one of {ARCHS}, got {arch!r}")
+    return cfg
+
+
+def build_float_model(config, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """``AutoModelForCausalLM.from_config`` with seeded random weights, in eval mode. Linear weights
+    get a larger std (0.05) so int4 rounding errors are visible but logits stay well-conditioned."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0, 0.05)
+                if m.bias is not None:
+                    m.bias.normal_(0, 0.05)
+    return model.eval()
+
+
+def _should_quantize(name: str, skip: Iterable[str]) -> bool:
+    for key in skip:
+        if name == key or name.startswith(key + ".") or name.endswith("." + key) or name.endswith(key):
+            return False
+    return True
+
+
+def quantization_config(quant_method: str, format: str, group_size: int,
+                        modules_to_not_convert: Optional[list] = None) -> Dict:
+    if quant_method == "awq":
+        return {"quant_method": "awq", "zero_point": True, "group_size": group_size, "bits": 4,
+                "version": format, "modules_to_not_convert": modules_to_not_convert}
+    if quant_method == "gptq":
+        return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": False,
+                "damp_percent": 0.01, "checkpoint_format": format, "true_sequential": True}
+    raise ValueError(f"quant_method: expected 'awq' or 'gptq', got {quant_method!r}")
+
+
+def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", format: str = "gemm",
+                           group_size: int = 32, modules_to_not_convert: Optional[list] = None,
+                           scales_dtype: torch.dtype = torch.float16, progress=None):
+    """(checkpoint state dict, reference float model). See module doc."""
+    skip = list(modules_to_not_convert or [])
+    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    ref = copy.deepcopy(model)
+    sd: Dict[str, torch.Tensor] = {}
+    quantized = set()
+    linears = [(n, m) for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and m is not out_emb and _should_quantize(n, skip)]
+    for i, (name, m) in enumerate(linears):
+        q, z, s = quantize_weight(m.weight, group_size, scales_dtype)
+        G = formats.resolve_group_size(group_size, m.in_features)
+        if quant_method == "gptq":
+            qw, qz, sc = formats.pack_gptq(q, z, s, G, checkpoint_format=format)
+            sd[f"{name}.g_idx"] = torch.arange(m.in_features, dtype=torch.int32) // G
+        else:
+            qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
+        sd[f"{name}.qweight"], sd[f"{name}.qzeros"], sd[f"{name}.scales"] = qw, qz, sc
+        if m.bias is not None:
+            sd[f"{name}.bias"] = m.bias.detach().to(scales_dtype).clone()
+        with torch.no_grad():
+            r = ref.get_submodule(name)
+            r.weight.copy_(dequantize(q, z, s, G).to(r.weight.dtype))
+            if r.bias is not None:
+                r.bias.copy_(m.bias.detach().to(scales_dtype).to(r.bias.dtype))
+        quantized.add(name)
+        if progress is not None:
+            progress(i + 1, len(linears), name)
+    for k, v in model.state_dict().items():
+        mod = k.rpartition(".")[0]
+        if mod in quantized:
+            continue
+        sd[k] = v.detach().clone().contiguous()
+    return sd, ref.eval()
+
+
+def save_quantized(model: nn.Module, path: str, *, quant_method: str = "awq", format: str = "gemm",
+                   group_size: int = 32, modules_to_not_convert: Optional[list] = None,
+                   scales_dtype: torch.dtype = torch.float16, extra_tensors: Optional[Dict[str, torch.Tensor]] = None,
+                   progress=None):
+    """Quantize ``model`` into a real AWQ/GPTQ checkpoint folder at ``path``; return the
+    dequantized float reference model. ``extra_tensors`` are added verbatim (error tests)."""
+    from safetensors.torch import save_file
+
+    sd, ref = quantize_to_state_dict(model, quant_method=quant_method, format=format, group_size=group_size,
+                                     modules_to_not_convert=modules_to_not_convert, scales_dtype=scales_dtype,
+                                     progress=progress)
+    if extra_tensors:
+        sd.update(extra_tensors)
+    os.makedirs(path, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(path, "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg = model.config.to_dict()
+    cfg["quantization_config"] = quantization_config(quant_method, format, group_size, modules_to_not_convert)
+    cfg.setdefault("architectures", [type(model).__name__])
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, default=str)
+    return ref
+
+
+def rewrite_checkpoint(path: str, edit) -> None:
+    """Load ``model.safetensors``, apply ``edit(dict)`` in place, write it back (error tests)."""
+    from safetensors.torch import load_file, save_file
+
+    f = os.path.join(path, "model.safetensors")
+    sd = load_file(f)
+    edit(sd)
+    save_file({k: v.contiguous() for k, v in sd.items()}, f, metadata={"format": "pt"})
+
+
+class Int4MMCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts ``awq::int4_mm`` calls (eager): ``with Int4MMCounter() as c: model(x); c.count``."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.awq.int4_mm.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
