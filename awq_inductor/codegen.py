@@ -1,0 +1,154 @@
+"""C++ source generation for the int4 GEMM (shared by the eager kernel and the Inductor lowering).
+
+Templates live in ``csrc_templates/`` (installed as ``awq_inductor.csrc_templates``):
+
+* ``common.h.j2``        helpers (dtype conversions, AMX tile config) and the driver
+  ``awq::int4_mm_driver(x, M, qweight, scales, zeros, bias, N, K, G, num_threads, store)``
+* ``micro_*.h.j2``       one micro-kernel family per ISA
+* ``eager_int4_mm.cpp.j2`` the standalone ``extern "C"`` entry point used by :mod:`native`
+
+``render_header`` inlines everything the chosen ISA and activation dtype need, so a generated
+source text changes whenever a template does (compile caches keyed by source stay correct).
+No torch._inductor imports here.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from importlib import resources
+from typing import List, Union
+
+import jinja2
+import torch
+
+from . import config
+
+#: Rows / columns of the fp32 accumulator tile handed to ``store`` (``AWQ_TILE_M`` / ``AWQ_TILE_N``).
+TILE_M = 32
+TILE_N = 64
+
+_DTYPE_NAMES = {
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float32: "float32",
+}
+_CTYPES = {"bfloat16": "bfloat16", "float16": "half", "float32": "float"}
+
+_AVX512_FLAGS = [
+    "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx512vnni",
+    "-mfma", "-mf16c",
+]
+_AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"]
+
+
+def _dtype_name(x_dtype: Union[torch.dtype, str]) -> str:
+    if isinstance(x_dtype, torch.dtype):
+        if x_dtype not in _DTYPE_NAMES:
+            raise ValueError(f"x_dtype: expected bfloat16, float16 or float32, got {x_dtype}")
+        return _DTYPE_NAMES[x_dtype]
+    name = str(x_dtype).replace("torch.", "")
+    if name not in _CTYPES:
+        raise ValueError(f"x_dtype: expected bfloat16, float16 or float32, got {x_dtype!r}")
+    return name
+
+
+def _check_isa(isa: str) -> str:
+    if isa not in config.ISAS:
+        raise ValueError(f"isa: expected one of {config.ISAS}, got {isa!r}")
+    return isa
+
+
+def dtype_ctype(dtype: torch.dtype) -> str:
+    """C type name Inductor's generated code uses for ``dtype`` (``bfloat16``, ``half``, ``float``)."""
+    return _CTYPES[_dtype_name(dtype)]
+
+
+def _template_dir():
+    return resources.files("awq_inductor.csrc_templates")
+
+
+@functools.lru_cache(maxsize=None)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(lambda name: _template_dir().joinpath(name).read_text()),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def _render(name: str, **kw) -> str:
+    return _env().get_template(name).render(**kw)
+
+
+def templates_hash() -> str:
+    """sha256 over every ``*.j2`` template (name and content), in name order."""
+    h = hashlib.sha256()
+    files = sorted((p for p in _template_dir().iterdir() if p.name.endswith(".j2")), key=lambda p: p.name)
+    for p in files:
+        h.update(p.name.encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def render_header(isa: str, x_dtype: Union[torch.dtype, str]) -> str:
+    """Common helpers + driver + the micro-kernels ``isa`` needs for activations of ``x_dtype``.
+
+    ``config.amx_min_m`` is baked in (it picks AMX vs the decode kernel inside the driver)."""
+    isa = _check_isa(isa)
+    dt = _dtype_name(x_dtype)
+    kw = dict(isa=isa, x_dtype=dt, tile_m=TILE_M, tile_n=TILE_N, amx_min_m=int(config.amx_min_m))
+    parts = [_render("common.h.j2", **kw)]
+    if isa == "portable":
+        parts.append(_render("micro_portable.h.j2", **kw))
+    else:
+        parts.append(_render("micro_avx512.h.j2", **kw))
+        if isa == "amx" and dt == "bfloat16":
+            parts.append(_render("micro_amx_bf16.h.j2", **kw))
+    return "\n".join(parts)
+
+
+def render_eager(isa: str, x_dtype: Union[torch.dtype, str]) -> str:
+    """Full translation unit with ``extern "C" awq_int4_mm_<dtype>(...)`` (see native.py)."""
+    dt = _dtype_name(x_dtype)
+    return _render("eager_int4_mm.cpp.j2", isa=_check_isa(isa), x_dtype=dt, header=render_header(isa, dt))
+
+
+def _cpu_has(name: str) -> bool:
+    fn = getattr(torch.cpu, name, None)
+    if fn is None:
+        fn = getattr(torch._C._cpu, name, None)
+    try:
+        return bool(fn()) if fn is not None else False
+    except Exception:
+        return False
+
+
+def detect_isa() -> str:
+    """``config.force_isa`` if set, else the best micro-kernel family this CPU runs."""
+    if config.force_isa is not None:
+        return _check_isa(config.force_isa)
+    return _hardware_isa()
+
+
+@functools.lru_cache(maxsize=None)
+def _hardware_isa() -> str:
+    avx512_bf16 = _cpu_has("_is_avx512_supported") and _cpu_has("_is_avx512_bf16_supported")
+    if avx512_bf16 and _cpu_has("_is_amx_tile_supported"):
+        return "amx"
+    if avx512_bf16:
+        return "avx512"
+    return "portable"
+
+
+def compile_flags(isa: str) -> List[str]:
+    """ISA flags (g++) the rendered code for ``isa`` needs (on top of -O3 -fopenmp etc.)."""
+    isa = _check_isa(isa)
+    if isa == "portable":
+        return []
+    if isa == "avx512":
+        return list(_AVX512_FLAGS)
+    return list(_AVX512_FLAGS) + list(_AMX_FLAGS)

@@ -1,0 +1,134 @@
+"""The eager (non-compiled) kernel: render ``eager_int4_mm.cpp.j2``, build it once with g++, call it
+through ctypes.
+
+* The ISA is fixed when a kernel is first built (``config.force_isa`` or :func:`codegen.detect_isa`),
+  never per call; kernels are cached in-process per (ISA, dtype).
+* Shared objects are cached on disk in ``$AWQ_INDUCTOR_CACHE_DIR`` (default
+  ``~/.cache/awq_inductor``) under sha256(source + flags), written atomically (temp + os.replace).
+* A missing compiler or a failed build raises RuntimeError with the compiler output.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from . import codegen, config
+
+_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
+_lock = threading.Lock()
+_kernels: Dict[Tuple[str, torch.dtype], Callable] = {}
+_libs: Dict[str, ctypes.CDLL] = {}  # keep loaded libraries alive
+_amx_ready = False
+
+
+def cache_dir() -> str:
+    d = os.environ.get("AWQ_INDUCTOR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if not cxx:
+        raise RuntimeError("awq_inductor: no C++ compiler found (g++ not on PATH and $CXX unset); "
+                           "the int4 kernels are compiled at first use")
+    return cxx
+
+
+def build(source: str, flags: List[str], name: str = "awq_int4_mm") -> str:
+    """Compile ``source`` into a shared object (cached on disk); return its path."""
+    cxx = _compiler()
+    all_flags = _BASE_FLAGS + list(flags)
+    key = hashlib.sha256((source + "\0" + " ".join(all_flags) + "\0" + cxx).encode()).hexdigest()[:32]
+    d = cache_dir()
+    so = os.path.join(d, f"{name}_{key}.so")
+    if os.path.exists(so):
+        return so
+    fd, tmp_cpp = tempfile.mkstemp(suffix=".cpp", prefix=f"{name}_{key}_", dir=d)
+    tmp_so = tmp_cpp[:-4] + ".so.tmp"
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        cmd = [cxx, *all_flags, tmp_cpp, "-o", tmp_so]
+        try:
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            raise RuntimeError(f"awq_inductor: cannot run the C++ compiler {cxx!r}: {e}") from e
+        if res.returncode != 0:
+            raise RuntimeError(
+                f"awq_inductor: compiling the int4 kernel failed (exit {res.returncode}).\n"
+                f"command: {' '.join(cmd)}\n{res.stdout}")
+        os.replace(tmp_so, so)  # atomic: concurrent builders all produce the same file
+    finally:
+        for p in (tmp_cpp, tmp_so):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    return so
+
+
+def _ensure_amx() -> None:
+    global _amx_ready
+    if not _amx_ready:
+        if not torch.cpu._init_amx():
+            raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
+                               "permission (torch.cpu._init_amx() returned False); "
+                               "set awq_inductor.config.force_isa = 'avx512'")
+        _amx_ready = True
+
+
+def _load(isa: str, x_dtype: torch.dtype):
+    src = codegen.render_eager(isa, x_dtype)
+    so = build(src, codegen.compile_flags(isa))
+    lib = _libs.get(so)
+    if lib is None:
+        lib = ctypes.CDLL(so)
+        _libs[so] = lib
+    fn = getattr(lib, f"awq_int4_mm_{codegen._dtype_name(x_dtype)}")
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [vp, i64, vp, vp, vp, vp, vp, i64, i64, i64, ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """Callable ``(x, qweight, scales, zeros, bias, group_size, out_features) -> Tensor`` running the
+    standalone kernel for activations of ``x_dtype``. Arguments must already be validated
+    (``ops.check_int4_mm_args``) and ``x`` contiguous."""
+    if isa is None:
+        isa = codegen.detect_isa()
+    key = (isa, x_dtype)
+    k = _kernels.get(key)
+    if k is not None:
+        return k
+    with _lock:
+        k = _kernels.get(key)
+        if k is not None:
+            return k
+        if isa == "amx" and x_dtype == torch.bfloat16:
+            _ensure_amx()
+        fn = _load(isa, x_dtype)
+        empty = torch.empty
+
+        def kernel(x, qweight, scales, zeros, bias, group_size, out_features):
+            M, K = x.shape
+            out = empty((M, out_features), dtype=x.dtype)
+            if M:
+                nt = config.num_threads or torch.get_num_threads()
+                fn(x.data_ptr(), M, qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
+                   bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                   out_features, K, group_size, nt)
+            return out
+
+        kernel.isa = isa  # type: ignore[attr-defined]
+        _kernels[key] = kernel
+        return kernel
