@@ -1,0 +1,264 @@
+"""Loading real (tiny, random) AWQ / GPTQ checkpoints through awq_inductor.hf.patch_transformers."""
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from awq_inductor import hf, testing  # noqa: E402
+from awq_inductor.model_pass import OutputSlice  # noqa: E402
+from awq_inductor.modules import AWQLinear  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _patched():
+    hf.patch_transformers()
+    yield
+
+
+def _load(path, dtype=torch.float32, **kw):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+
+
+def _make(tmp_path, arch="llama", quant_method="awq", fmt="gemm", group_size=32, seed=0, cfg_kw=None, **kw):
+    cfg = testing.tiny_config(arch, **(cfg_kw or {}))
+    model = testing.build_float_model(cfg, seed=seed)
+    path = str(tmp_path / f"{arch}-{fmt}")
+    ref = testing.save_quantized(model, path, quant_method=quant_method, format=fmt, group_size=group_size, **kw)
+    return path, ref
+
+
+def _ids(n=10, vocab=256, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (2, n), generator=g)
+
+
+CASES = [
+    ("llama", "awq", "gemm", 32),
+    ("qwen2", "awq", "gemv", 32),
+    ("mistral", "awq", "gemv_fast", 64),
+    ("phi3", "awq", "gemm", 64),
+    ("llama", "gptq", "gptq", 32),
+    ("qwen2", "gptq", "gptq_v2", 64),
+]
+
+
+@pytest.mark.parametrize("arch,qm,fmt,gs", CASES, ids=[f"{a}-{f}" for a, _, f, _ in CASES])
+def test_load_matches_dequantized_reference(tmp_path, arch, qm, fmt, gs):
+    path, ref = _make(tmp_path, arch, qm, fmt, gs)
+    model, info = _load(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    n_layers = model.config.num_hidden_layers
+    # every quantized projection is an AWQLinear, 4 per decoder layer after fusion
+    assert sum(isinstance(m, AWQLinear) for m in model.model.layers.modules()) == 4 * n_layers
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    if arch == "qwen2":  # q/k/v biases survive the fusion
+        assert model.model.layers[0].self_attn.qkv_proj.bias is not None
+    ids = _ids()
+    with torch.no_grad(), testing.Int4MMCounter() as c:
+        logits = model(ids).logits
+    assert c.count == 4 * n_layers
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(logits, want, atol=2e-3, rtol=2e-3)
+    # greedy generation with fp32 activations is token-identical
+    prompt = _ids(6)[:1]
+    kw = dict(max_new_tokens=16, do_sample=False, min_new_tokens=16, pad_token_id=0)
+    out = model.generate(prompt, **kw)
+    exp = ref.generate(prompt, **kw)
+    assert torch.equal(out, exp)
+
+
+def test_group_size_minus_one_and_modules_to_not_convert(tmp_path):
+    path, ref = _make(tmp_path, "llama", "awq", "gemm", -1, modules_to_not_convert=["down_proj"])
+    model = _load(path)
+    layer = model.model.layers[0]
+    assert type(layer.mlp.down_proj) is torch.nn.Linear
+    assert layer.self_attn.qkv_proj.group_size == model.config.hidden_size
+    ids = _ids()
+    with torch.no_grad(), testing.Int4MMCounter() as c:
+        logits = model(ids).logits
+    assert c.count == 3 * model.config.num_hidden_layers
+    with torch.no_grad():
+        torch.testing.assert_close(logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
+
+
+def test_bf16_load(tmp_path):
+    path, ref = _make(tmp_path, "qwen2", "awq", "gemm", 32)
+    model = _load(path, dtype=torch.bfloat16)
+    assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    ids = _ids()
+    with torch.no_grad():
+        got = model(ids).logits.float()
+        want = ref(ids).logits
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+
+
+def test_patch_is_idempotent_and_validates_act_quant():
+    from transformers.quantizers import auto as qauto
+
+    hf.patch_transformers()
+    cls = qauto.AUTO_QUANTIZER_MAPPING["awq"]
+    hf.patch_transformers()
+    assert qauto.AUTO_QUANTIZER_MAPPING["awq"] is cls
+    assert qauto.AUTO_QUANTIZER_MAPPING["gptq"].__name__ == "GptqInductorQuantizer"
+    with pytest.raises(ValueError, match="act_quant"):
+        hf.patch_transformers(act_quant="fp8")
+    with pytest.raises(NotImplementedError):
+        hf.patch_transformers(act_quant="int8")
+
+
+@pytest.mark.parametrize("fmt", ["gemm", "gemv_fast"])
+def test_save_load_round_trip(tmp_path, fmt):
+    from safetensors.torch import load_file
+
+    path, ref = _make(tmp_path, "llama", "awq", fmt, 64)
+    model = _load(path)
+    out = str(tmp_path / "saved")
+    model.save_pretrained(out)
+    orig = load_file(os.path.join(path, "model.safetensors"))
+    saved = load_file(os.path.join(out, "model.safetensors"))
+    assert set(saved) == set(orig)
+    for k, v in orig.items():  # written back bit-exactly in the original format and names
+        assert saved[k].dtype == v.dtype and torch.equal(saved[k], v), k
+    again = _load(out)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
+def test_act_scales_gpt_neox(tmp_path):
+    cfg = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, max_position_embeddings=128, tie_word_embeddings=False)
+    model = testing.build_float_model(cfg)
+    scales = {f"gpt_neox.layers.{i}.mlp.act.scales": (torch.rand(128) + 0.5).to(torch.float16) for i in range(2)}
+    path = str(tmp_path / "neox")
+    ref = testing.save_quantized(model, path, format="gemm", group_size=32, extra_tensors=scales)
+    for i in range(2):
+        mlp = ref.gpt_neox.layers[i].mlp
+        act = hf.ScaledActivation(mlp.act, 128, dtype=torch.float32)
+        act.scales.data = scales[f"gpt_neox.layers.{i}.mlp.act.scales"].float()
+        mlp.act = act
+    loaded = _load(path)
+    assert isinstance(loaded.gpt_neox.layers[0].mlp.act, hf.ScaledActivation)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_moe_per_expert_keys_raise(tmp_path):
+    cfg = transformers.Qwen2MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                      moe_intermediate_size=64, shared_expert_intermediate_size=128,
+                                      num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                      num_experts=4, num_experts_per_tok=2, max_position_embeddings=128,
+                                      tie_word_embeddings=False)
+    model = testing.build_float_model(cfg)
+    # an AutoAWQ MoE checkpoint quantizes each expert's gate/up/down_proj as its own linear
+    extra = {}
+    for e in range(4):
+        for proj, (n, k) in {"gate_proj": (64, 64), "up_proj": (64, 64), "down_proj": (64, 64)}.items():
+            q, z, s = testing.quantize_weight(torch.randn(n, k) * 0.05, 32)
+            from awq_inductor import formats
+            qw, qz, sc = formats.pack_awq(q, z, s, group_size=32, format="gemm")
+            base = f"model.layers.0.mlp.experts.{e}.{proj}"
+            extra.update({f"{base}.qweight": qw, f"{base}.qzeros": qz, f"{base}.scales": sc})
+    path = str(tmp_path / "moe")
+    testing.save_quantized(model, path, format="gemm", group_size=32, modules_to_not_convert=["mlp.gate", "shared_expert_gate"],
+                           extra_tensors=extra)
+    testing.rewrite_checkpoint(path, lambda sd: [sd.pop(k) for k in list(sd) if k.endswith(
+        ("experts.gate_up_proj", "experts.down_proj"))])
+    with pytest.raises(hf.CheckpointError, match=r"experts\.0\.(gate|up|down)_proj\.(qweight|qzeros|scales)"):
+        _load(path)
+
+
+def test_wrong_qweight_shape_raises_naming_tensor(tmp_path):
+    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
+    key = "model.layers.1.self_attn.k_proj.qweight"
+    testing.rewrite_checkpoint(path, lambda sd: sd.__setitem__(key, sd[key][:, :-1].contiguous()))
+    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.")):
+        _load(path)
+
+
+def test_missing_qzeros_raises(tmp_path):
+    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
+    key = "model.layers.0.mlp.up_proj.qzeros"
+    testing.rewrite_checkpoint(path, lambda sd: sd.pop(key))
+    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.") + ": missing"):
+        _load(path)
+
+
+def test_unknown_quantized_module_raises(tmp_path):
+    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
+    key = "model.layers.0.mlp.extra_proj.qweight"
+    testing.rewrite_checkpoint(path, lambda sd: sd.__setitem__(key, torch.zeros(128, 16, dtype=torch.int32)))
+    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.")):
+        _load(path)
+
+
+def test_missing_float_weight_raises(tmp_path):
+    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
+    key = "model.layers.0.input_layernorm.weight"
+    testing.rewrite_checkpoint(path, lambda sd: sd.pop(key))
+    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.")):
+        _load(path)
+
+
+def test_marlin_version_raises(tmp_path):
+    import json
+
+    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
+    cfg_path = os.path.join(path, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["quantization_config"]["version"] = "marlin"
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(NotImplementedError, match="marlin"):
+        _load(path)
+
+
+def test_desc_act_gptq_raises(tmp_path):
+    import json
+
+    path, _ = _make(tmp_path, "llama", "gptq", "gptq", 32)
+    cfg_path = os.path.join(path, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["quantization_config"]["desc_act"] = True
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(NotImplementedError, match="desc_act"):
+        _load(path)
+
+
+# ---------------------------------------------------------------------------------------------- compile
+def _backend():
+    try:
+        from awq_inductor.backend import awq_inductor_backend
+        return awq_inductor_backend
+    except ImportError:
+        return "inductor"
+
+
+def test_compiled_model_matches_eager_without_graph_breaks(tmp_path):
+    import torch._dynamo
+
+    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
+    model = _load(path)
+    ids = _ids(8)
+    with torch.no_grad():
+        want = model(ids).logits
+    torch._dynamo.reset()
+    layer = model.model.layers[0]
+    hidden = torch.randn(2, 8, model.config.hidden_size)
+    pos = torch.arange(8)[None].expand(2, 8)
+    pe = model.model.rotary_emb(hidden, pos)
+    explain = torch._dynamo.explain(layer)(hidden, position_embeddings=pe, attention_mask=None)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    compiled = torch.compile(model, backend=_backend())
+    with torch.no_grad():
+        got = compiled(ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch._dynamo.reset()
