@@ -1,0 +1,151 @@
+"""The "awq_inductor" torch.compile backend and the FX-cache pass."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor import config as iconfig
+from torch._inductor.utils import run_and_get_code
+
+from awq_inductor import lowering, packing
+
+_seed = [99]
+
+
+def weights(N=64, K=128, G=32):
+    _seed[0] += 1
+    g = torch.Generator().manual_seed(_seed[0])
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
+    s = torch.rand(N, K // G, generator=g) * 0.05
+    qw, sc, zr = packing.pack_for_kernel(q, z, s, G)
+    return (qw, sc, zr, None, G, N)
+
+
+def ref(x, w):
+    from awq_inductor.ops import int4_mm_reference
+
+    return int4_mm_reference(x, *w)
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def test_backend_by_name_uses_template():
+    import awq_inductor.backend  # noqa: F401
+
+    w = weights()
+    x = torch.randn(5, 128)
+    with iconfig.patch(force_disable_caches=True):
+        out, codes = run_and_get_code(torch.compile(lambda a: torch.ops.awq.int4_mm(a, *w) * 2,
+                                                    backend="awq_inductor"), x)
+    torch.testing.assert_close(out, ref(x, w) * 2, atol=1e-4, rtol=1e-4)
+    code = "\n".join(codes)
+    assert "awq::int4_mm_driver" in code and "torch.ops.awq.int4_mm" not in code
+    assert counters["inductor"]["cpp_epilogue_fusion_counter"] == 1
+
+
+def test_backend_config_patches():
+    from awq_inductor.backend import backend_config_patches
+
+    p = backend_config_patches({"cpp.threads": 3})
+    assert p["freezing"] is False and p["cpp.threads"] == 3
+    assert type(p["post_grad_custom_post_pass"]).__name__ == "AwqCachePass"
+    other = lowering.cache_pass()
+    p2 = backend_config_patches({"post_grad_custom_post_pass": [object()]})
+    assert len(p2["post_grad_custom_post_pass"]) == 2 and other.uuid() == lowering.sources_hash()
+
+
+def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):
+    """Editing a template changes the pass uuid, hence the FX graph cache key: a cached graph is
+    hit without edits and missed (new kernel compiled) after one."""
+    import awq_inductor.backend as backend
+
+    before = lowering.cache_pass().uuid()
+    assert before == lowering.cache_pass().uuid()
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    w = weights()
+    x = torch.randn(4, 128)
+
+    def fn(a):
+        return torch.ops.awq.int4_mm(a, *w) + 1
+
+    def compile_once():
+        torch._dynamo.reset()
+        with iconfig.patch({"fx_graph_cache": True, "fx_graph_remote_cache": False,
+                            "force_disable_caches": False}):
+            out, codes = run_and_get_code(torch.compile(fn, backend=backend.awq_inductor_backend), x)
+        torch.testing.assert_close(out, ref(x, w) + 1, atol=1e-4, rtol=1e-4)
+        return "\n".join(codes)
+
+    from torch._inductor.codecache import FxGraphCache  # noqa: F401
+
+    compile_once()
+    assert counters["inductor"]["fxgraph_cache_miss"] == 1
+    compile_once()
+    assert counters["inductor"]["fxgraph_cache_hit"] == 1
+
+    # "Edit a template": the rendered header changes and so does codegen.templates_hash().
+    cg = lowering._codegen()
+    orig_render = cg.render_header
+    monkeypatch.setattr(cg, "render_header", lambda isa, dt: "// edited-template\n" + orig_render(isa, dt))
+    monkeypatch.setattr(cg, "templates_hash", lambda: "edited-template")
+    after = lowering.cache_pass().uuid()
+    assert after != before
+    code = compile_once()
+    assert counters["inductor"]["fxgraph_cache_miss"] == 2
+    assert "// edited-template" in code  # the new kernel, not the stale cached one
+
+
+def test_sources_hash_covers_j2_files(monkeypatch, tmp_path):
+    tdir = tmp_path / "csrc_templates"
+    tdir.mkdir()
+    for f in lowering.templates_dir().glob("*.j2"):
+        (tdir / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setattr(lowering, "templates_dir", lambda: tdir)
+    h0 = lowering.sources_hash()
+    (tdir / lowering.TEMPLATE_NAME).write_text((tdir / lowering.TEMPLATE_NAME).read_text() + "\n// edit\n")
+    assert lowering.sources_hash() != h0
+
+
+def test_entry_point_without_importing_package():
+    """torch.compile(backend="awq_inductor") resolves through the pyproject entry point."""
+    from importlib.metadata import entry_points
+
+    if "awq_inductor" not in entry_points(group="torch_dynamo_backends").names:
+        pytest.skip("package not installed (pip install -e . --no-deps)")
+    code = textwrap.dedent("""
+        import sys, torch
+        assert "awq_inductor" not in sys.modules
+        f = torch.compile(lambda a: a.sin() + 1, backend="awq_inductor")
+        x = torch.randn(8)
+        torch.testing.assert_close(f(x), x.sin() + 1)
+        assert "awq_inductor.backend" in sys.modules
+        import awq_inductor.lowering as L
+        assert L.is_registered()
+        print("OK")
+    """)
+    env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+
+
+def test_untested_torch_version_warns_and_skips(monkeypatch):
+    monkeypatch.setattr(lowering, "_registered", None)
+    monkeypatch.setattr(lowering, "_warned", False)
+    monkeypatch.setattr(torch, "__version__", "9.1.0")
+    monkeypatch.delenv(lowering.ALLOW_UNTESTED_ENV, raising=False)
+    with pytest.warns(RuntimeWarning, match="not the tested"):
+        assert lowering.register() is False
+    assert lowering.register() is False  # idempotent, warns once
