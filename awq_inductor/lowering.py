@@ -58,76 +58,10 @@ def templates_dir() -> Path:
 
 
 def _codegen():
-    """awq_inductor.codegen, or a scalar stand-in while the real one is not there yet."""
-    try:
-        from . import codegen  # type: ignore[attr-defined]
+    """awq_inductor.codegen (render_header, templates_hash, TILE_M/TILE_N): imported lazily."""
+    from . import codegen
 
-        if hasattr(codegen, "render_header"):
-            return codegen
-    except ImportError:
-        pass
-    return _StandinCodegen
-
-
-# --------------------------------------------------------------------------------------------
-# Temporary scalar stand-in for awq_inductor.codegen (same contract); used only until it lands.
-_STANDIN_HEADER = r"""
-#include <algorithm>
-#include <cstdint>
-#include <omp.h>
-namespace awq {
-constexpr int64_t TILE_M = 16;
-constexpr int64_t TILE_N = 32;
-template <typename X, typename Store>
-void int4_mm_driver(const X* x, int64_t M, const uint8_t* qweight, const float* scales,
-                    const uint8_t* zeros, const float* bias, int64_t N, int64_t K, int64_t G,
-                    int num_threads, Store&& store) {
-  const int64_t Npad = (N + 31) / 32 * 32;
-  const int64_t mt = (M + TILE_M - 1) / TILE_M, nt = (N + TILE_N - 1) / TILE_N;
-  #pragma omp parallel for collapse(2) num_threads(num_threads) schedule(static)
-  for (int64_t bm = 0; bm < mt; bm++) {
-    for (int64_t bn = 0; bn < nt; bn++) {
-      float acc[TILE_M * TILE_N];
-      const int64_t m0 = bm * TILE_M, m1 = std::min(M, m0 + TILE_M);
-      const int64_t n0 = bn * TILE_N, n1 = std::min(N, n0 + TILE_N);
-      for (int64_t m = m0; m < m1; m++) {
-        for (int64_t n = n0; n < n1; n++) {
-          const int64_t p = n / 32, j = n % 32;
-          float s = bias ? bias[n] : 0.f;
-          for (int64_t k = 0; k < K; k++) {
-            const int64_t v = 2 * j + (k & 1);
-            const uint8_t b = qweight[(p * (K / 2) + k / 2) * 32 + (v & 31)];
-            const int q = v < 32 ? (b & 15) : (b >> 4);
-            const int64_t g = k / G;
-            const float w = float(q - int(zeros[g * Npad + n])) * scales[g * Npad + n];
-            s += static_cast<float>(x[m * K + k]) * w;
-          }
-          acc[(m - m0) * TILE_N + (n - n0)] = s;
-        }
-      }
-      store(acc, m0, m1, n0, n1);
-    }
-  }
-}
-}  // namespace awq
-"""
-
-
-class _StandinCodegen:
-    TILE_M = 16
-    TILE_N = 32
-
-    @staticmethod
-    def render_header(isa: str, x_dtype) -> str:
-        return f"// awq stand-in header (isa={isa})" + _STANDIN_HEADER
-
-    @staticmethod
-    def templates_hash() -> str:
-        return hashlib.sha256(_STANDIN_HEADER.encode()).hexdigest()
-
-    @staticmethod
-    def detect_isa() -> str:
-        return "portable"
+    return codegen
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,9 +159,12 @@ def choose_isa() -> str:
     from torch._inductor.cpu_vec_isa import VecAMX, VecAVX512, pick_vec_isa
 
     isa = pick_vec_isa()
-    if isinstance(isa, VecAMX) and bool(isa):
+    # Our AVX512 and AMX micro-kernels use AVX512-BF16 (vdpbf16ps); Inductor adds -mavx512bf16
+    # to its AVX512 flags only where the CPU has it.
+    bf16 = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+    if isinstance(isa, VecAMX) and bool(isa) and bf16:
         return "amx"
-    if isinstance(isa, VecAVX512) and bool(isa):
+    if isinstance(isa, VecAVX512) and bool(isa) and bf16:
         return "avx512"
     return "portable"
 
