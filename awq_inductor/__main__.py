@@ -1,0 +1,212 @@
+"""``python -m awq_inductor``: load an AWQ model through the transformers patch, compile it, and
+compare prefill / decode speed of the compiled path, our eager path and the dense model.
+
+With no ``--model`` a small Llama-shaped AWQ (gemm) checkpoint with random weights is built once
+and cached in ``~/.cache/awq_inductor/models`` (nothing is downloaded).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+DEFAULT_SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                     num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _bar(done: int, total: int, what: str, width: int = 30) -> None:
+    n = int(width * done / max(total, 1))
+    end = "\n" if done >= total else ""
+    sys.stdout.write(f"\r  {what} [{'#' * n}{'.' * (width - n)}] {done}/{total}{end}")
+    sys.stdout.flush()
+
+
+def default_model_dir(cache_dir: str, group_size: int) -> str:
+    import torch
+    from . import testing
+
+    name = "llama-h{hidden_size}-i{intermediate_size}-l{num_hidden_layers}-kv{num_key_value_heads}".format(**DEFAULT_SHAPE)
+    path = os.path.join(cache_dir, f"{name}-awq-gemm-g{group_size}")
+    if os.path.exists(os.path.join(path, "model.safetensors")) and os.path.exists(os.path.join(path, "dense.safetensors")):
+        _log(f"Using cached default model: {path}")
+        return path
+    _log(f"Building the default model (random weights, real LlamaForCausalLM, AWQ gemm g{group_size}) in {path}")
+    cfg = testing.tiny_config("llama", **DEFAULT_SHAPE)
+    model = testing.build_float_model(cfg, seed=0, dtype=torch.float32)
+    tmp = path + ".tmp"
+    ref = testing.save_quantized(model, tmp, format="gemm", group_size=group_size,
+                                 progress=lambda d, t, n: _bar(d, t, "quantizing"))
+    from safetensors.torch import save_file
+
+    # the dense baseline: the dequantized weights in bf16, so all three paths compute the same model
+    save_file({k: v.to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
+               for k, v in ref.state_dict().items()}, os.path.join(tmp, "dense.safetensors"))
+    if os.path.exists(path):
+        import shutil
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
+
+
+def _dense_model(path: str, dtype):
+    """The float baseline: ``dense.safetensors`` of the default model, or the dequantized AWQ model."""
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+
+    from .modules import AWQLinear
+
+    cfg = transformers.AutoConfig.from_pretrained(path)
+    dense_file = os.path.join(path, "dense.safetensors")
+    if os.path.exists(dense_file):
+        if hasattr(cfg, "quantization_config"):
+            del cfg.quantization_config
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        model.load_state_dict(load_file(dense_file), strict=True)
+        return model.eval()
+    return None
+
+
+def _dequantized_copy(model, dtype):
+    """Dense copy of a converted model: AWQLinear -> nn.Linear with the dequantized weight."""
+    import copy
+
+    import torch
+    from torch import nn
+
+    from .model_pass import OutputSlice
+    from .modules import AWQLinear
+
+    dense = copy.deepcopy(model)
+    for name, mod in list(dense.named_modules()):
+        if isinstance(mod, AWQLinear):
+            lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, dtype=dtype)
+            with torch.no_grad():
+                lin.weight.copy_(mod.dequantize().to(dtype))
+                if mod.bias is not None:
+                    lin.bias.copy_(mod.bias.to(dtype))
+            dense.set_submodule(name, lin)
+    return dense.to(dtype)
+
+
+def bench(model, ids, new_tokens: int, label: str):
+    """(prefill tok/s, decode tok/s, generated ids). A full warm-up ``generate`` first (for the
+    compiled model it compiles the prefill and decode graphs, including dynamic-shape recompiles);
+    prefill = ``generate(max_new_tokens=1)``; decode = the remaining ``new_tokens - 1`` steps."""
+    import torch
+
+    kw = dict(do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        warm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        prefill = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+        total = time.perf_counter() - t0
+    steps = max(new_tokens - 1, 1)
+    decode = max(total - prefill, 1e-9)
+    pf, dc = ids.numel() / prefill, steps * ids.shape[0] / decode
+    _log(f"  {label:<34} warm-up {warm:6.1f}s   prefill {pf:8.1f} tok/s   decode {dc:7.1f} tok/s")
+    return pf, dc, out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m awq_inductor",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", metavar="DIR", help="a local AWQ (or GPTQ) checkpoint folder; default: build/reuse "
+                   "a small random Llama-shaped AWQ model (hidden 1024, 4 layers, GQA 16/4 heads, vocab 32000)")
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens for prefill (default 128)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens to decode (default 32)")
+    p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES), help="activation dtype (default bf16)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile path")
+    p.add_argument("--no-dense", action="store_true", help="skip the dense baseline")
+    p.add_argument("--no-eager", action="store_true", help="skip our eager path")
+    p.add_argument("--group-size", type=int, default=128, help="group size of the default model (default 128)")
+    p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"),
+                   help="where the default model is cached (default ~/.cache/awq_inductor/models)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default 0)")
+    args = p.parse_args(argv)
+
+    import torch
+    import transformers
+
+    from . import hf, model_pass
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, DTYPES[args.dtype])
+    _log(f"awq_inductor: torch {torch.__version__}, transformers {transformers.__version__}, "
+         f"{torch.get_num_threads()} threads, activations {dtype}")
+
+    path = args.model or default_model_dir(args.cache_dir, args.group_size)
+    hf.patch_transformers()
+
+    _log("Loading and converting (int4 linears -> AWQLinear, q/k/v and gate/up fusion)...")
+    t0 = time.perf_counter()
+    orig_convert = model_pass.convert
+
+    def convert_with_progress(model, act_quant=None, **kw):
+        kw.setdefault("progress", lambda d, t, n: _bar(d, t, "converting"))
+        return orig_convert(model, act_quant, **kw)
+
+    model_pass.convert = convert_with_progress
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    finally:
+        model_pass.convert = orig_convert
+    model.eval()
+    n_int4 = model_pass.count_int4_linears(model)
+    _log(f"  loaded {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {n_int4} int4 linears "
+         f"({n_int4 / max(model.config.num_hidden_layers, 1):.0f} per layer)")
+
+    g = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_len), generator=g)
+    _log(f"Benchmark: batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens")
+    results = {}
+    if not args.no_compile:
+        try:
+            from .backend import awq_inductor_backend as backend
+            bname = "awq_inductor"
+        except ImportError:
+            backend, bname = "inductor", "inductor"
+        _log(f"Compiling with backend {bname!r} (first calls compile prefill and decode graphs)...")
+        orig_forward = model.forward
+        model.forward = torch.compile(orig_forward, backend=backend)
+        try:
+            results["compiled"] = bench(model, ids, args.new_tokens, f"awq int4 compiled ({bname})")
+        finally:
+            model.forward = orig_forward
+    if not args.no_eager:
+        results["eager"] = bench(model, ids, args.new_tokens, "awq int4 eager")
+    if not args.no_dense:
+        dense = _dense_model(path, dtype) if not args.model else None
+        if dense is None:
+            dense = _dequantized_copy(model, dtype)
+        results["dense"] = bench(dense, ids, args.new_tokens, f"dense {args.dtype} (eager)")
+    outs = {k: v[2] for k, v in results.items()}
+    if "compiled" in outs and "eager" in outs:
+        same = torch.equal(outs["compiled"], outs["eager"])
+        _log(f"compiled vs eager greedy tokens identical: {same}")
+    if "dense" in outs and len(outs) > 1:
+        other = outs.get("compiled", outs.get("eager"))
+        n = args.new_tokens
+        match = (other[:, -n:] == outs["dense"][:, -n:]).float().mean().item()
+        _log(f"greedy tokens matching the dense model: {match * 100:.0f}% (int4 kernel vs dense rounding)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
