@@ -55,6 +55,12 @@ def check_int4_mm_args(x, qweight, scales, zeros, bias, group_size: int, out_fea
 
 @torch.library.register_fake("awq::int4_mm")
 def _int4_mm_fake(x, qweight, scales, zeros, bias, group_size, out_features):
+    # Tracing (torch.compile, export) is when a lowering can be needed next, and Inductor is being
+    # imported anyway: register ours here so a plain torch.compile(model) uses our template
+    # without the package import paying for torch._inductor. Idempotent, cheap after the first call.
+    from . import lowering
+
+    lowering.register()
     check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, out_features)
     return x.new_empty((x.shape[0], out_features))
 

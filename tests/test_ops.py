@@ -1,6 +1,7 @@
 """awq::int4_mm: schema, fake impl (symbolic M), opcheck, eager numerics, bad input."""
 import pytest
 import torch
+import torch._dynamo.testing
 
 import awq_inductor  # noqa: F401
 from awq_inductor.ops import int4_mm_reference
@@ -43,15 +44,27 @@ def test_fake_impl_symbolic_m():
     K, N, G = 128, 64, 32
     qw, s, z, _ = random_packed(N, K, G)
 
-    def f(x):
+    def f(x, qw, s, z):
         return OP(x, qw, s, z, None, G, N)
 
     from torch.fx.experimental.proxy_tensor import make_fx
-    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(5, K))
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(5, K), qw, s, z)
     nodes = [n for n in gm.graph.nodes if n.target is OP]
     assert len(nodes) == 1
     val = nodes[0].meta["val"]
     assert isinstance(val.shape[0], torch.SymInt) and val.shape[1] == N
+
+
+def test_dynamic_m_traces_once():
+    K, N, G = 128, 64, 32
+    qw, s, z, _ = random_packed(N, K, G)
+    torch._dynamo.reset()
+    cnt = torch._dynamo.testing.CompileCounter()
+    f = torch.compile(lambda x: OP(x, qw, s, z, None, G, N), backend=cnt, dynamic=True, fullgraph=True)
+    for M in (3, 7, 20):
+        x = torch.randn(M, K)
+        torch.testing.assert_close(f(x), int4_mm_reference(x, qw, s, z, None, G, N), rtol=1e-5, atol=1e-5)
+    assert cnt.frame_count == 1
 
 
 def _args(**over):
