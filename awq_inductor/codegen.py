@@ -63,8 +63,19 @@ def dtype_ctype(dtype: torch.dtype) -> str:
     return _CTYPES[_dtype_name(dtype)]
 
 
-def _template_dir():
-    return resources.files("awq_inductor.csrc_templates")
+def template_dir():
+    """The C++ templates: the installed package data ``awq_inductor.csrc_templates``, or, when the
+    package runs from a source checkout (e.g. ``python -m awq_inductor`` in the repo root, where
+    ``csrc_templates/`` sits beside ``awq_inductor/``), that top-level folder."""
+    try:
+        return resources.files("awq_inductor.csrc_templates")
+    except ModuleNotFoundError:
+        from pathlib import Path
+
+        return Path(__file__).resolve().parent.parent / "csrc_templates"
+
+
+_template_dir = template_dir
 
 
 @functools.lru_cache(maxsize=None)

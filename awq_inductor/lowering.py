@@ -44,17 +44,8 @@ _impl = None  # namespace with the Inductor-dependent pieces, built by _build()
 
 
 def templates_dir() -> Path:
-    """csrc_templates/: the repo checkout (editable install) or the installed package data."""
-    here = Path(__file__).resolve().parent
-    for cand in (here.parent / "csrc_templates", here / "csrc_templates"):
-        if (cand / TEMPLATE_NAME).is_file():
-            return cand
-    try:
-        import importlib.resources as res
-
-        return Path(str(res.files("awq_inductor.csrc_templates")))
-    except Exception:  # pragma: no cover
-        return here.parent / "csrc_templates"
+    """csrc_templates/ as :func:`awq_inductor.codegen.template_dir` finds it (one lookup for both)."""
+    return Path(str(_codegen().template_dir()))
 
 
 def _codegen():
