@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from importlib import resources
-from typing import List, Union
+from typing import List, Optional, Union
 
 import jinja2
 import torch
@@ -39,6 +39,25 @@ _AVX512_FLAGS = [
     "-mfma", "-mf16c",
 ]
 _AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"]
+# ``#pragma GCC target`` around our AVX512 / AMX code so the inlined header compiles under any
+# flag set (Inductor's AVX512 flags lack -mavx512bf16 and, without AMX on the build host, -mamx-*).
+_AVX512_TARGET = "avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx512vnni,fma,f16c"
+_AMX_TARGET = "amx-tile,amx-bf16,amx-int8"
+
+
+def amx_emulated(amx_emulate: Optional[bool] = None) -> bool:
+    """``amx_emulate`` if given, else ``config.amx_emulation``."""
+    return bool(config.amx_emulation if amx_emulate is None else amx_emulate)
+
+
+def gcc_target(isa: str, amx_emulate: Optional[bool] = None) -> str:
+    """Target string of the ``#pragma GCC target`` wrapping the rendered code ("" for portable)."""
+    isa = _check_isa(isa)
+    if isa == "portable":
+        return ""
+    if isa == "amx" and not amx_emulated(amx_emulate):
+        return _AVX512_TARGET + "," + _AMX_TARGET
+    return _AVX512_TARGET
 
 
 def _dtype_name(x_dtype: Union[torch.dtype, str]) -> str:
@@ -105,13 +124,17 @@ def templates_hash() -> str:
     return h.hexdigest()
 
 
-def render_header(isa: str, x_dtype: Union[torch.dtype, str]) -> str:
+def render_header(isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
     """Common helpers + driver + the micro-kernels ``isa`` needs for activations of ``x_dtype``.
 
-    ``config.amx_min_m`` is baked in (it picks AMX vs the decode kernel inside the driver)."""
+    ``config.amx_min_m`` is baked in (it picks AMX vs the decode kernel inside the driver).
+    ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to the
+    scalar tile emulator instead of the ``_tile_*`` intrinsics."""
     isa = _check_isa(isa)
     dt = _dtype_name(x_dtype)
-    kw = dict(isa=isa, x_dtype=dt, tile_m=TILE_M, tile_n=TILE_N, amx_min_m=int(config.amx_min_m))
+    emu = amx_emulated(amx_emulate)
+    kw = dict(isa=isa, x_dtype=dt, tile_m=TILE_M, tile_n=TILE_N, amx_min_m=int(config.amx_min_m),
+              amx_emulate=emu, gcc_target=gcc_target(isa, emu))
     parts = [_render("common.h.j2", **kw)]
     if isa == "portable":
         parts.append(_render("micro_portable.h.j2", **kw))
@@ -122,10 +145,11 @@ def render_header(isa: str, x_dtype: Union[torch.dtype, str]) -> str:
     return "\n".join(parts)
 
 
-def render_eager(isa: str, x_dtype: Union[torch.dtype, str]) -> str:
+def render_eager(isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
     """Full translation unit with ``extern "C" awq_int4_mm_<dtype>(...)`` (see native.py)."""
     dt = _dtype_name(x_dtype)
-    return _render("eager_int4_mm.cpp.j2", isa=_check_isa(isa), x_dtype=dt, header=render_header(isa, dt))
+    return _render("eager_int4_mm.cpp.j2", isa=_check_isa(isa), x_dtype=dt,
+                   header=render_header(isa, dt, amx_emulate))
 
 
 def _cpu_has(name: str) -> bool:
@@ -155,11 +179,12 @@ def _hardware_isa() -> str:
     return "portable"
 
 
-def compile_flags(isa: str) -> List[str]:
-    """ISA flags (g++) the rendered code for ``isa`` needs (on top of -O3 -fopenmp etc.)."""
+def compile_flags(isa: str, amx_emulate: Optional[bool] = None) -> List[str]:
+    """ISA flags (g++) the rendered code for ``isa`` needs (on top of -O3 -fopenmp etc.); no AMX
+    flags when the tile instructions are emulated (``amx_emulate``, default ``config.amx_emulation``)."""
     isa = _check_isa(isa)
     if isa == "portable":
         return []
-    if isa == "avx512":
+    if isa == "avx512" or amx_emulated(amx_emulate):
         return list(_AVX512_FLAGS)
     return list(_AVX512_FLAGS) + list(_AMX_FLAGS)

@@ -16,6 +16,12 @@ force_isa: Optional[str] = None
 #: AVX512-BF16 decode kernel (bf16/fp16 activations). Measured with benchmarks/bench_linear.py.
 amx_min_m: int = 5
 
+#: Render the AMX micro-kernels against a scalar C++ emulator of the tile instructions instead of
+#: the ``_tile_*`` intrinsics (``AWQ_TILE_*`` macros in common.h.j2). Read at code-generation
+#: time and part of the generated source text. For testing the AMX kernel logic on CPUs (or VMs)
+#: without usable AMX: no AMX permission is requested and no ``-mamx-*`` flags are needed. Slow.
+amx_emulation: bool = False
+
 #: Threads the generated kernels use; ``None`` means ``torch.get_num_threads()`` at codegen time.
 num_threads: Optional[int] = None
 

@@ -24,7 +24,7 @@ from . import codegen, config
 
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
 _lock = threading.Lock()
-_kernels: Dict[Tuple[str, torch.dtype], Callable] = {}
+_kernels: Dict[Tuple[str, torch.dtype, bool], Callable] = {}
 _libs: Dict[str, ctypes.CDLL] = {}  # keep loaded libraries alive
 _amx_ready = False
 
@@ -86,9 +86,9 @@ def _ensure_amx() -> None:
         _amx_ready = True
 
 
-def _load(isa: str, x_dtype: torch.dtype):
-    src = codegen.render_eager(isa, x_dtype)
-    so = build(src, codegen.compile_flags(isa))
+def _load(isa: str, x_dtype: torch.dtype, amx_emulate: bool = False):
+    src = codegen.render_eager(isa, x_dtype, amx_emulate)
+    so = build(src, codegen.compile_flags(isa, amx_emulate))
     lib = _libs.get(so)
     if lib is None:
         lib = ctypes.CDLL(so)
@@ -106,7 +106,10 @@ def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
     (``ops.check_int4_mm_args``) and ``x`` contiguous."""
     if isa is None:
         isa = codegen.detect_isa()
-    key = (isa, x_dtype)
+    # config.amx_emulation (read here, like the ISA): AMX tile instructions run in a scalar
+    # emulator, so neither AMX permission nor -mamx flags are needed.
+    emulate = isa == "amx" and codegen.amx_emulated()
+    key = (isa, x_dtype, emulate)
     k = _kernels.get(key)
     if k is not None:
         return k
@@ -114,9 +117,9 @@ def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
         k = _kernels.get(key)
         if k is not None:
             return k
-        if isa == "amx" and x_dtype == torch.bfloat16:
+        if isa == "amx" and x_dtype == torch.bfloat16 and not emulate:
             _ensure_amx()
-        fn = _load(isa, x_dtype)
+        fn = _load(isa, x_dtype, emulate)
         empty = torch.empty
 
         def kernel(x, qweight, scales, zeros, bias, group_size, out_features):
@@ -130,5 +133,6 @@ def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
             return out
 
         kernel.isa = isa  # type: ignore[attr-defined]
+        kernel.amx_emulated = emulate  # type: ignore[attr-defined]
         _kernels[key] = kernel
         return kernel
