@@ -17,6 +17,13 @@ Kernel layout (``pack_for_kernel``), N padded to ``BLOCK_N`` = 32 columns per pa
     scales  float32 [K/G, Npad]     group-major: one panel's 32 scales are contiguous
     zeros   uint8   [K/G, Npad]     integer zeros kept, so (q - z) is exact
 Padded columns have q = 0, z = 0, s = 0 and so contribute exactly zero.
+
+Fused gate|up layout (``pack_gate_up_for_kernel``, for ``awq::int4_mm_silu_mul``): the canonical
+[gate (I rows) ; up (I rows)] weight of a gated MLP, I % 32 == 0, with its rows reordered so that
+the 32-column panels alternate: panel 2p = gate columns 32p..32p+31, panel 2p+1 = up columns
+32p..32p+31 (``interleave_gate_up``; the same reorder applies to zeros, scales and the fp32 bias).
+Then packed exactly as above with N = 2I. Every 64-column driver tile (n_start % 64 == 0) thus
+holds gate and up for the same 32 outputs [n_start / 2, n_start / 2 + 32).
 """
 from __future__ import annotations
 
@@ -76,3 +83,120 @@ def dequantize_kernel_layout(qweight, scales, zeros, group_size: int, out_featur
     zk = z.repeat_interleave(group_size, dim=1).to(torch.float32)
     sk = s.repeat_interleave(group_size, dim=1).to(torch.float32)
     return (q.to(torch.float32) - zk) * sk
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A8 layout (``awq::int4_mm_a8``, opt-in ``act_quant="int8"``)
+# ---------------------------------------------------------------------------------------------
+#: K values per VNNI-4 step of the int8 kernels (u8 x s8 -> i32 dot products of 4).
+A8_KSTEP = 4
+
+
+def pack_for_int8_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int):
+    """Canonical (q, zeros, scales) -> W4A8 kernel (qweight, scales_f32, zeros_u8, comp_i32).
+
+    Layout (N padded to ``BLOCK_N`` = 32 columns per panel, Np = ceil(N / 32), ng = K / G):
+
+    ``qweight`` uint8 [Np, K/4, 64]
+        For panel p and k-quad k4, the 128 values v[4*j + t] = q[32p + j, 4*k4 + t] (j < 32
+        columns, t < 4: the int8 VNNI-4 order of ``vpdpbusd`` / ``tdpbusd``) are stored two per
+        byte: byte[b] = v[b] | v[b + 64] << 4. The low nibbles of one 64-byte row are columns
+        0..15 x 4 k, the high nibbles columns 16..31 x 4 k: after ``& 0xF`` / ``>> 4`` and the
+        int8 subtraction of the zeros each half is one ``vpdpbusd`` operand, or one 64-byte row
+        of an AMX int8 B tile. Weights stay 4-bit (decode reads 0.5 byte per weight).
+    ``scales`` float32 [ng, Npad]   one scale per (K-block, column); K-block = group (block_k = G)
+    ``zeros``  uint8   [ng, Npad]   integer zeros, subtracted in int8 in the kernel: q - z in [-15, 15]
+    ``comp``   int32   [ng, Npad]   comp[g, n] = sum_{k in group g} (q[n, k] - z[n, g]), for the
+        +128 offset of the u8 activations: sum_k a_u8 (q - z) - 128 * comp = sum_k a_s8 (q - z).
+
+    block_k = G: the scale only changes at group boundaries, and the i32 partial sums cannot
+    overflow (|a_u8 (q - z)| <= 255 * 15 per k, so K-blocks up to 2^31 / 3825 > 500k would fit).
+    Needs G % 4 == 0. Padded columns have q = z = 0, s = 0, comp = 0.
+    """
+    _check_canonical(q, zeros, scales, group_size)
+    if group_size % A8_KSTEP:
+        raise ValueError(f"group_size: expected a multiple of {A8_KSTEP} for the W4A8 kernel, got {group_size}")
+    N, K = q.shape
+    np_ = -(-N // BLOCK_N)
+    npad = np_ * BLOCK_N
+    pad = npad - N
+    qp = torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q
+    # [Np, 32, K/4, 4] -> [Np, K/4, 32, 4] -> [Np, K/4, 128]: v[4j + t]
+    v = qp.reshape(np_, BLOCK_N, K // 4, 4).permute(0, 2, 1, 3).reshape(np_, K // 4, 4 * BLOCK_N)
+    qweight = (v[..., :2 * BLOCK_N] | (v[..., 2 * BLOCK_N:] << 4)).contiguous()
+    s = scales.to(torch.float32)
+    z = zeros
+    ng = K // group_size
+    d = q.to(torch.int32).reshape(N, ng, group_size) - zeros.to(torch.int32).unsqueeze(-1)
+    comp = d.sum(-1, dtype=torch.int32)
+    if pad:
+        s = torch.nn.functional.pad(s, (0, 0, 0, pad))
+        z = torch.nn.functional.pad(z, (0, 0, 0, pad))
+        comp = torch.nn.functional.pad(comp, (0, 0, 0, pad))
+    return qweight, s.t().contiguous(), z.t().contiguous(), comp.t().contiguous()
+
+
+def unpack_from_int8_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                            out_features: int):
+    """Inverse of :func:`pack_for_int8_kernel` (``comp`` is derived, not needed):
+    -> canonical (q [N, K], zeros [N, K/G], scales fp32 [N, K/G])."""
+    np_, k4, _ = qweight.shape
+    v = torch.cat([qweight & 0xF, qweight >> 4], dim=-1)  # [Np, K/4, 128]
+    q = v.reshape(np_, k4, BLOCK_N, 4).permute(0, 2, 1, 3).reshape(np_ * BLOCK_N, k4 * 4)
+    n = out_features
+    return q[:n].contiguous(), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
+
+
+def dequantize_int8_kernel_layout(qweight, scales, zeros, group_size: int, out_features: int) -> torch.Tensor:
+    """fp32 W [N, K] from the W4A8 layout (reference and tests only)."""
+    q, z, s = unpack_from_int8_kernel(qweight, scales, zeros, out_features)
+    zk = z.repeat_interleave(group_size, dim=1).to(torch.float32)
+    sk = s.repeat_interleave(group_size, dim=1).to(torch.float32)
+    return (q.to(torch.float32) - zk) * sk
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused gate|up layout (``awq::int4_mm_silu_mul``)
+# ---------------------------------------------------------------------------------------------
+def _check_gate_up(n: int, intermediate_size: int, what: str) -> None:
+    if intermediate_size <= 0 or intermediate_size % BLOCK_N:
+        raise ValueError(f"intermediate_size: expected a positive multiple of {BLOCK_N}, got {intermediate_size}")
+    if n != 2 * intermediate_size:
+        raise ValueError(f"{what}: expected 2 * intermediate_size = {2 * intermediate_size} rows, got {n}")
+
+
+def interleave_gate_up(t: torch.Tensor, intermediate_size: int) -> torch.Tensor:
+    """Rows [gate (I) ; up (I)] -> 32-row panels interleaved: gate 0..31, up 0..31, gate 32..63, ...
+
+    Works on any tensor whose first dim is 2I (q [2I, K], zeros/scales [2I, K/G], bias [2I])."""
+    _check_gate_up(t.shape[0], intermediate_size, "t")
+    rest = tuple(t.shape[1:])
+    v = t.reshape(2, intermediate_size // BLOCK_N, BLOCK_N, *rest).transpose(0, 1)
+    return v.reshape(2 * intermediate_size, *rest).contiguous()
+
+
+def deinterleave_gate_up(t: torch.Tensor, intermediate_size: int) -> torch.Tensor:
+    """Inverse of :func:`interleave_gate_up`: interleaved panels -> rows [gate ; up]."""
+    _check_gate_up(t.shape[0], intermediate_size, "t")
+    rest = tuple(t.shape[1:])
+    v = t.reshape(intermediate_size // BLOCK_N, 2, BLOCK_N, *rest).transpose(0, 1)
+    return v.reshape(2 * intermediate_size, *rest).contiguous()
+
+
+def pack_gate_up_for_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                            intermediate_size: int):
+    """Canonical [gate ; up] (q [2I, K], zeros/scales [2I, K/G]) -> kernel (qweight, scales_f32,
+    zeros_u8) with gate and up panels interleaved (see module doc). I % 32 == 0."""
+    _check_canonical(q, zeros, scales, group_size)
+    _check_gate_up(q.shape[0], intermediate_size, "q")
+    I = intermediate_size
+    return pack_for_kernel(interleave_gate_up(q, I), interleave_gate_up(zeros, I),
+                           interleave_gate_up(scales, I), group_size)
+
+
+def unpack_gate_up_from_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                               intermediate_size: int):
+    """Inverse of :func:`pack_gate_up_for_kernel`: -> canonical [gate ; up] (q, zeros, scales fp32)."""
+    q, z, s = unpack_from_kernel(qweight, scales, zeros, 2 * intermediate_size)
+    I = intermediate_size
+    return deinterleave_gate_up(q, I), deinterleave_gate_up(z, I), deinterleave_gate_up(s, I)
