@@ -86,14 +86,14 @@ def _ensure_amx() -> None:
         _amx_ready = True
 
 
-def _load(isa: str, x_dtype: torch.dtype, amx_emulate: bool = False):
+def _load(isa: str, x_dtype: torch.dtype, amx_emulate: bool = False, entry: str = "awq_int4_mm"):
     src = codegen.render_eager(isa, x_dtype, amx_emulate)
     so = build(src, codegen.compile_flags(isa, amx_emulate))
     lib = _libs.get(so)
     if lib is None:
         lib = ctypes.CDLL(so)
         _libs[so] = lib
-    fn = getattr(lib, f"awq_int4_mm_{codegen._dtype_name(x_dtype)}")
+    fn = getattr(lib, f"{entry}_{codegen._dtype_name(x_dtype)}")
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [vp, i64, vp, vp, vp, vp, vp, i64, i64, i64, ctypes.c_int]
     fn.restype = None
@@ -135,4 +135,44 @@ def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
         kernel.isa = isa  # type: ignore[attr-defined]
         kernel.amx_emulated = emulate  # type: ignore[attr-defined]
         _kernels[key] = kernel
+        return kernel
+
+
+_silu_mul_kernels: Dict[Tuple[str, torch.dtype, bool], Callable] = {}
+
+
+def get_silu_mul_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """Callable ``(x, qweight, scales, zeros, bias, group_size, out_features) -> Tensor`` running
+    ``awq_int4_mm_silu_mul_<dtype>`` (same translation unit and ISA choice as :func:`get_kernel`):
+    ``out_features`` is I, the weight holds 2I interleaved gate|up columns. Arguments must already be
+    validated (``ops.check_int4_mm_silu_mul_args``) and ``x`` contiguous."""
+    if isa is None:
+        isa = codegen.detect_isa()
+    emulate = isa == "amx" and codegen.amx_emulated()
+    key = (isa, x_dtype, emulate)
+    k = _silu_mul_kernels.get(key)
+    if k is not None:
+        return k
+    with _lock:
+        k = _silu_mul_kernels.get(key)
+        if k is not None:
+            return k
+        if isa == "amx" and x_dtype == torch.bfloat16 and not emulate:
+            _ensure_amx()
+        fn = _load(isa, x_dtype, emulate, entry="awq_int4_mm_silu_mul")
+        empty = torch.empty
+
+        def kernel(x, qweight, scales, zeros, bias, group_size, out_features):
+            M, K = x.shape
+            out = empty((M, out_features), dtype=x.dtype)
+            if M:
+                nt = config.num_threads or torch.get_num_threads()
+                fn(x.data_ptr(), M, qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
+                   bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                   out_features, K, group_size, nt)
+            return out
+
+        kernel.isa = isa  # type: ignore[attr-defined]
+        kernel.amx_emulated = emulate  # type: ignore[attr-defined]
+        _silu_mul_kernels[key] = kernel
         return kernel

@@ -83,3 +83,57 @@ def _int4_mm_cpu(x, qweight, scales, zeros, bias, group_size, out_features):
 
     kernel = native.get_kernel(x.dtype)
     return kernel(x.contiguous(), qweight, scales, zeros, bias, group_size, out_features)
+
+
+# ---------------------------------------------------------------------------------------------
+# awq::int4_mm_silu_mul: gated-MLP gate|up projection with the SiLU(gate) * up epilogue fused
+# ---------------------------------------------------------------------------------------------
+#: awq::int4_mm_silu_mul(x, qweight, scales, zeros, bias, group_size, out_features) -> [M, I]
+#: ``qweight``/``scales``/``zeros`` hold 2I columns, gate and up in interleaved 32-column panels
+#: (:func:`packing.pack_gate_up_for_kernel`); ``bias`` is fp32 [2I] in the same interleaved order
+#: (:func:`packing.interleave_gate_up`) or None; ``out_features`` is I (a multiple of 32).
+#: Returns silu(x @ Wg.T + bg) * (x @ Wu.T + bu) in x's dtype, computed from the fp32 accumulators.
+torch.library.define("awq::int4_mm_silu_mul", SCHEMA)
+int4_mm_silu_mul = torch.ops.awq.int4_mm_silu_mul
+
+
+def check_int4_mm_silu_mul_args(x, qweight, scales, zeros, bias, group_size: int, out_features: int) -> None:
+    """Like :func:`check_int4_mm_args` for the fused gate|up weight of 2 * out_features columns."""
+    if out_features <= 0 or out_features % packing.BLOCK_N:
+        raise ValueError(f"out_features: expected a positive multiple of {packing.BLOCK_N} "
+                         f"(the intermediate size I), got {out_features}")
+    if qweight.dim() == 3 and qweight.shape[0] * packing.BLOCK_N != 2 * out_features:
+        raise ValueError(f"qweight: expected {2 * out_features // packing.BLOCK_N} panels (2 * I = "
+                         f"{2 * out_features} interleaved gate|up columns), got {list(qweight.shape)}")
+    check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, 2 * out_features)
+
+
+@torch.library.register_fake("awq::int4_mm_silu_mul")
+def _int4_mm_silu_mul_fake(x, qweight, scales, zeros, bias, group_size, out_features):
+    from . import lowering  # see _int4_mm_fake
+
+    lowering.register()
+    check_int4_mm_silu_mul_args(x, qweight, scales, zeros, bias, group_size, out_features)
+    return x.new_empty((x.shape[0], out_features))
+
+
+def int4_mm_silu_mul_reference(x, qweight, scales, zeros, bias, group_size: int, out_features: int) -> torch.Tensor:
+    """fp32 oracle: de-interleave the dequantized weight and bias, silu(gate) * up, cast once."""
+    I = out_features
+    w = packing.deinterleave_gate_up(
+        packing.dequantize_kernel_layout(qweight, scales, zeros, group_size, 2 * I), I)
+    y = x.to(torch.float32) @ w.t()
+    if bias is not None:
+        y = y + packing.deinterleave_gate_up(bias, I)
+    return (torch.nn.functional.silu(y[:, :I]) * y[:, I:]).to(x.dtype)
+
+
+@torch.library.impl("awq::int4_mm_silu_mul", "CPU")
+def _int4_mm_silu_mul_cpu(x, qweight, scales, zeros, bias, group_size, out_features):
+    check_int4_mm_silu_mul_args(x, qweight, scales, zeros, bias, group_size, out_features)
+    if x.shape[0] == 0:
+        return x.new_empty((0, out_features))
+    from . import native
+
+    kernel = native.get_silu_mul_kernel(x.dtype)
+    return kernel(x.contiguous(), qweight, scales, zeros, bias, group_size, out_features)
