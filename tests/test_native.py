@@ -137,7 +137,15 @@ def test_codegen_api():
             h = codegen.render_header(isa, dt)
             assert "int4_mm_driver" in h and "{{" not in h and "{%" not in h
             assert f"#define AWQ_TILE_N {codegen.TILE_N}" in h
-            assert ("_tile_dpbf16ps" in h) == (isa == "amx" and dt == torch.bfloat16)
+            assert ("AWQ_TILE_DPBF16PS(0, 4, 6)" in h) == (isa == "amx" and dt == torch.bfloat16)
+            assert ("#define AWQ_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps" in h) == (isa == "amx")
+            if isa != "portable":
+                assert '#pragma GCC target("' in h and h.count("push_options") == h.count("pop_options")
+            e = codegen.render_header(isa, dt, amx_emulate=True)
+            assert "amx_emu::dpbf16ps" in e and "_tile_dpbf16ps" not in e
+    with config.patch(amx_emulation=True):
+        assert "amx_emu::" in codegen.render_header("amx", torch.bfloat16)
+        assert not any(f.startswith("-mamx") for f in codegen.compile_flags("amx"))
     assert "-mamx-tile" in codegen.compile_flags("amx") and "-mavx512bf16" in codegen.compile_flags("avx512")
     assert codegen.compile_flags("portable") == []
     assert codegen.dtype_ctype(torch.bfloat16) == "bfloat16" and codegen.dtype_ctype(torch.float16) == "half"
@@ -145,3 +153,121 @@ def test_codegen_api():
         assert codegen.detect_isa() == "portable"
     with pytest.raises(ValueError):
         codegen.render_header("sse", torch.float32)
+
+
+# ------------------------------------------------------------------ AMX micro-kernel, emulated
+# config.amx_emulation renders the AWQ_TILE_* macros as a scalar tile emulator: the AMX bf16
+# kernel logic (tile config per row count, dequantized VNNI panels, M/K/N tails, driver) runs on
+# any AVX512-BF16 CPU. The hardware AMX cases above still run where AMX exists.
+_EMU_OK = _can_run("avx512")
+emu = pytest.mark.skipif(not _EMU_OK, reason="needs AVX512-BF16 (dequant / tail kernels)")
+
+
+def _make_canonical(M, K, N, G, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
+    s = torch.randn(N, K // G, generator=g) * 0.02
+    b = torch.randn(N, generator=g) if bias else None
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    return x, q, z, s, b
+
+
+@emu
+@pytest.mark.parametrize("M", [5, 16, 17, 33, 64, 300])
+@pytest.mark.parametrize("K,N,G", [
+    (256, 72, 32),    # K % 32 == 0, N % 32 != 0
+    (256, 200, 128),  # several N tiles, last one 8 columns
+    (192, 40, 192),   # G = K
+    (160, 33, 32),    # K % 64 != 0, one column in the last panel
+    (80, 72, 40),     # K % 32 != 0: AMX k-chunks + decode-kernel K tail, G not a power of two
+    (112, 130, 112),  # K % 32 != 0, G = K
+])
+def test_amx_emulated(M, K, N, G):
+    """bf16 AMX path (tile emulator) vs the fp32 reference (bf16 tolerance); with K % 32 == 0 also
+    element-wise vs fp32 math on the bf16-rounded dequantized weights the AMX kernel multiplies."""
+    x, q, z, s, b = _make_canonical(M, K, N, G, True, seed=M * 1000 + K + N)
+    qw, sp, zp = packing.pack_for_kernel(q, z, s, G)
+    with config.patch(force_isa="amx", amx_emulation=True):
+        k = native.get_kernel(torch.bfloat16)
+        assert k.isa == "amx" and k.amx_emulated
+        _check(x, qw, sp, zp, b, G, N)
+        y = k(x, qw, sp, zp, b, G, N).float()
+    if K % 32 == 0:
+        wd = ((q.float() - z.float().repeat_interleave(G, 1)) * s.float().repeat_interleave(G, 1))
+        ref = x.float() @ wd.to(torch.bfloat16).float().t() + b
+        scale = ref.abs().max().item()
+        torch.testing.assert_close(y, ref, rtol=2 ** -7, atol=1e-4 * scale)
+
+
+@emu
+def test_amx_emulated_differs_from_avx512_and_threads_agree():
+    """The emulated run really takes the AMX path (bf16-rounded weights, not the exact fp32 kernel)
+    and is deterministic across thread counts (per-thread tile state)."""
+    x, qw, sp, zp, b = _make(48, 256, 96, 64, True, torch.bfloat16, seed=3)
+    with config.patch(force_isa="avx512"):
+        y_avx = torch.ops.awq.int4_mm(x, qw, sp, zp, b, 64, 96)
+    outs = []
+    with config.patch(force_isa="amx", amx_emulation=True):
+        for nt in (1, 2, 3):
+            with config.patch(num_threads=nt):
+                outs.append(native.get_kernel(torch.bfloat16)(x, qw, sp, zp, b, 64, 96))
+    assert not torch.equal(outs[0], y_avx)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=0)
+
+
+_EMU_PROBE = r"""
+#include <cstdio>
+int main(int argc, char** argv) {
+  using namespace awq;
+  const int mode = argv[1][0] - '0';
+  TileConfig c;
+  std::memset(&c, 0, sizeof(c));
+  c.palette_id = 1;
+  c.rows[0] = 2; c.colsb[0] = 8;   // C: 2 x 2 fp32
+  c.rows[1] = 2; c.colsb[1] = 8;   // A: 2 x (2 pairs) bf16
+  c.rows[2] = 2; c.colsb[2] = 8;   // B: 2 k-pairs x 2 columns
+  if (mode == 1) c.rows[3] = 17, c.colsb[3] = 64;   // rows > 16
+  if (mode == 2) c.rows[2] = 3;                      // A.colsb != 4 * B.rows
+  if (mode == 3) c.reserved[0] = 1;
+  AWQ_TILE_LOADCONFIG(&c);
+  uint16_t a[4], b[4][2];
+  const float av[4] = {1, 2, 3, 4}, bv[4][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}};
+  for (int i = 0; i < 4; ++i) a[i] = f32_to_bf16(av[i]);
+  for (int i = 0; i < 4; ++i) for (int j = 0; j < 2; ++j) b[i][j] = f32_to_bf16(bv[i][j]);
+  // A row m = a[0..3] for both rows; B row k (pair k) = {b[2k][0], b[2k+1][0], b[2k][1], b[2k+1][1]}
+  uint16_t B[2][4] = {{b[0][0], b[1][0], b[0][1], b[1][1]}, {b[2][0], b[3][0], b[2][1], b[3][1]}};
+  float C[2][2] = {{0.5f, 0}, {0, 0}};
+  AWQ_TILE_LOADD(0, C, 8);
+  AWQ_TILE_LOADD(1, a, 0);
+  AWQ_TILE_LOADD(2, B, 8);
+  if (mode == 4) AWQ_TILE_LOADD(5, C, 8);  // unconfigured tile
+  AWQ_TILE_DPBF16PS(0, 1, 2);
+  AWQ_TILE_STORED(0, C, 8);
+  AWQ_TILE_RELEASE();
+  std::printf("%g %g %g %g\n", C[0][0], C[0][1], C[1][0], C[1][1]);
+  return 0;
+}
+"""
+
+
+@emu
+def test_amx_emulator_semantics_and_misuse(tmp_path):
+    """The emulator computes tdpbf16ps like the ISA (pairs along K) and aborts with a message on
+    configurations / operands the hardware would fault on."""
+    import subprocess
+
+    src = codegen.render_header("amx", torch.bfloat16, amx_emulate=True) + _EMU_PROBE
+    cpp, exe = tmp_path / "probe.cpp", tmp_path / "probe"
+    cpp.write_text(src)
+    subprocess.run(["g++", "-O1", "-std=c++17", "-fopenmp", *codegen.compile_flags("amx", amx_emulate=True),
+                    str(cpp), "-o", str(exe)], check=True)
+    ok = subprocess.run([str(exe), "0"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    # C[m][n] = C0 + sum_k a[k] * b[k][n]: n=0: 1+6+15+28 = 50, n=1: 2+8+18+32 = 60
+    assert [float(v) for v in ok.stdout.split()] == [50.5, 60.0, 50.0, 60.0]
+    for mode, msg in [(1, "rows > 16"), (2, "A.colsb != 4 \\* B.rows"), (3, "reserved"), (4, "not configured")]:
+        r = subprocess.run([str(exe), str(mode)], capture_output=True, text=True)
+        assert r.returncode != 0
+        assert __import__("re").search(msg, r.stderr), (mode, r.stderr)
