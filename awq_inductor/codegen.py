@@ -188,3 +188,26 @@ def compile_flags(isa: str, amx_emulate: Optional[bool] = None) -> List[str]:
     if isa == "avx512" or amx_emulated(amx_emulate):
         return list(_AVX512_FLAGS)
     return list(_AVX512_FLAGS) + list(_AMX_FLAGS)
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A8 (awq::int4_mm_a8): w4a8.h.j2 (driver ``awq::int4_mm_a8_driver``, activation quantization,
+# portable kernel) which includes micro_vnni_int8.h.j2 / micro_amx_int8.h.j2 as the ISA needs.
+# ---------------------------------------------------------------------------------------------
+def render_header_a8(isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
+    """common.h (helpers, AMX macros) + the W4A8 driver and micro-kernels for ``isa``.
+
+    The W4A16 micro-kernels are not rendered (common.h only declares them)."""
+    isa = _check_isa(isa)
+    dt = _dtype_name(x_dtype)
+    emu = amx_emulated(amx_emulate)
+    kw = dict(isa=isa, x_dtype=dt, tile_m=TILE_M, tile_n=TILE_N, amx_min_m=int(config.amx_min_m),
+              a8_amx_min_m=int(config.amx_min_m), amx_emulate=emu, gcc_target=gcc_target(isa, emu))
+    return "\n".join([_render("common.h.j2", **kw), _render("w4a8.h.j2", **kw)])
+
+
+def render_eager_a8(isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
+    """Full translation unit with ``extern "C" awq_int4_mm_a8_<dtype>(...)`` (see native.py)."""
+    dt = _dtype_name(x_dtype)
+    return _render("eager_int4_mm_a8.cpp.j2", isa=_check_isa(isa), x_dtype=dt,
+                   header=render_header_a8(isa, dt, amx_emulate))

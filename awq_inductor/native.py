@@ -176,3 +176,52 @@ def get_silu_mul_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Call
         kernel.amx_emulated = emulate  # type: ignore[attr-defined]
         _silu_mul_kernels[key] = kernel
         return kernel
+
+
+# ---- W4A8 (awq::int4_mm_a8) ------------------------------------------------------------------
+_a8_kernels: Dict[Tuple[str, torch.dtype, bool], Callable] = {}
+
+
+def get_a8_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """Callable ``(x, qweight, scales, zeros, comp, bias, group_size, out_features) -> Tensor`` running
+    ``awq_int4_mm_a8_<dtype>`` (codegen.render_eager_a8), cached per (ISA, dtype, emulation) like
+    :func:`get_kernel`. Arguments must already be validated (``ops.check_int4_mm_a8_args``), ``x``
+    contiguous."""
+    if isa is None:
+        isa = codegen.detect_isa()
+    emulate = isa == "amx" and codegen.amx_emulated()
+    key = (isa, x_dtype, emulate)
+    k = _a8_kernels.get(key)
+    if k is not None:
+        return k
+    with _lock:
+        k = _a8_kernels.get(key)
+        if k is not None:
+            return k
+        if isa == "amx" and not emulate:
+            _ensure_amx()
+        so = build(codegen.render_eager_a8(isa, x_dtype, emulate), codegen.compile_flags(isa, emulate),
+                   name="awq_int4_mm_a8")
+        lib = _libs.get(so)
+        if lib is None:
+            lib = ctypes.CDLL(so)
+            _libs[so] = lib
+        fn = getattr(lib, f"awq_int4_mm_a8_{codegen._dtype_name(x_dtype)}")
+        vp, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn.argtypes = [vp, i64, vp, vp, vp, vp, vp, vp, i64, i64, i64, ctypes.c_int]
+        fn.restype = None
+        empty = torch.empty
+
+        def kernel(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+            M, K = x.shape
+            out = empty((M, out_features), dtype=x.dtype)
+            if M:
+                nt = config.num_threads or torch.get_num_threads()
+                fn(x.data_ptr(), M, qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), comp.data_ptr(),
+                   bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size, nt)
+            return out
+
+        kernel.isa = isa  # type: ignore[attr-defined]
+        kernel.amx_emulated = emulate  # type: ignore[attr-defined]
+        _a8_kernels[key] = kernel
+        return kernel
