@@ -137,3 +137,85 @@ def _int4_mm_silu_mul_cpu(x, qweight, scales, zeros, bias, group_size, out_featu
 
     kernel = native.get_silu_mul_kernel(x.dtype)
     return kernel(x.contiguous(), qweight, scales, zeros, bias, group_size, out_features)
+
+
+# ---- W4A8: awq::int4_mm_a8 ---------------------------------------------------------------------
+# Dynamic per-token int8 activations x int4 weights (opt-in, act_quant="int8"). The weights are in
+# the W4A8 layout of packing.pack_for_int8_kernel: nibbles in VNNI-4 order plus integer zeros
+# (subtracted in int8 in the kernel, so decode still reads 0.5 byte per weight) and the
+# precomputed compensation comp = sum_{k in group} (q - z) for the +128 activation offset.
+# ``zeros`` is a separate argument (not folded into ``comp``) because the kernels subtract it
+# before the u8 x s8 dot product; ``comp`` is separate so the kernels never recompute it.
+SCHEMA_A8 = (
+    "(Tensor x, Tensor qweight, Tensor scales, Tensor zeros, Tensor comp, Tensor? bias, "
+    "int group_size, int out_features) -> Tensor"
+)
+torch.library.define("awq::int4_mm_a8", SCHEMA_A8)
+int4_mm_a8 = torch.ops.awq.int4_mm_a8
+
+
+def check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size: int, out_features: int) -> None:
+    """Raise ValueError naming the tensor, the expected and the actual value (fake tensors too)."""
+    if x.dtype not in ACT_DTYPES:
+        raise ValueError(f"x: expected dtype in (bfloat16, float16, float32), got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D [M, K] tensor, got {x.dim()}-D {list(x.shape)}")
+    bn = packing.BLOCK_N
+    if qweight.dtype != torch.uint8 or qweight.dim() != 3 or qweight.shape[2] != 2 * bn:
+        raise ValueError(
+            f"qweight: expected uint8 [Np, K/4, {2 * bn}] (packing.pack_for_int8_kernel), "
+            f"got {qweight.dtype} {list(qweight.shape)}")
+    np_, k4 = qweight.shape[0], qweight.shape[1]
+    K, npad = 4 * k4, np_ * bn
+    if x.shape[1] != K:
+        raise ValueError(f"x: expected last dim K={K} (in_features), got {x.shape[1]}")
+    if not (npad - bn < out_features <= npad):
+        raise ValueError(f"out_features: expected a value in ({npad - bn}, {npad}] "
+                         f"for qweight {list(qweight.shape)}, got {out_features}")
+    if group_size <= 0 or K % group_size or group_size % packing.A8_KSTEP:
+        raise ValueError(f"group_size: expected a divisor of K={K} that is a multiple of "
+                         f"{packing.A8_KSTEP}, got {group_size}")
+    ng = K // group_size
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (ng, npad):
+        raise ValueError(f"scales: expected float32 [{ng}, {npad}], got {scales.dtype} {list(scales.shape)}")
+    if zeros.dtype != torch.uint8 or tuple(zeros.shape) != (ng, npad):
+        raise ValueError(f"zeros: expected uint8 [{ng}, {npad}], got {zeros.dtype} {list(zeros.shape)}")
+    if comp.dtype != torch.int32 or tuple(comp.shape) != (ng, npad):
+        raise ValueError(f"comp: expected int32 [{ng}, {npad}], got {comp.dtype} {list(comp.shape)}")
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (out_features,)):
+        raise ValueError(f"bias: expected float32 [{out_features}], got {bias.dtype} {list(bias.shape)}")
+
+
+@torch.library.register_fake("awq::int4_mm_a8")
+def _int4_mm_a8_fake(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+    from . import lowering
+
+    lowering.register()
+    check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
+    return x.new_empty((x.shape[0], out_features))
+
+
+def int4_mm_a8_reference(x, qweight, scales, zeros, comp, bias, group_size: int, out_features: int,
+                         quantize_x: bool = False) -> torch.Tensor:
+    """fp32 x @ ((q - z) * s).T (+ bias) from the W4A8 layout (test oracle). ``quantize_x``: apply
+    the kernels' per-token int8 quantization to x first (the exact W4A8 math, up to fp32 sums)."""
+    w = packing.dequantize_int8_kernel_layout(qweight, scales, zeros, group_size, out_features)
+    xf = x.to(torch.float32)
+    if quantize_x:
+        sa = xf.abs().amax(dim=1, keepdim=True) / 127
+        xf = torch.where(sa > 0, torch.round(xf / torch.where(sa > 0, sa, 1)).clamp(-127, 127) * sa, 0)
+    y = xf @ w.t()
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
+
+
+@torch.library.impl("awq::int4_mm_a8", "CPU")
+def _int4_mm_a8_cpu(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+    check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
+    if x.shape[0] == 0:
+        return x.new_empty((0, out_features))
+    from . import native
+
+    kernel = native.get_a8_kernel(x.dtype)
+    return kernel(x.contiguous(), qweight, scales, zeros, comp, bias, group_size, out_features)
