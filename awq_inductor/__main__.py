@@ -133,6 +133,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile path")
     p.add_argument("--no-dense", action="store_true", help="skip the dense baseline")
+    p.add_argument("--no-int4pack", action="store_true",
+                   help="skip the gptqmodel-style baseline (aten._weight_int4pack_mm_for_cpu, zeros (8 - z) * s)")
     p.add_argument("--no-eager", action="store_true", help="skip our eager path")
     p.add_argument("--group-size", type=int, default=128, help="group size of the default model (default 128)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"),
@@ -196,6 +198,17 @@ def main(argv=None) -> int:
         if dense is None:
             dense = _dequantized_copy(model, dtype)
         results["dense"] = bench(dense, ids, args.new_tokens, f"dense {args.dtype} (eager)")
+    if not args.no_int4pack:
+        import copy
+
+        from .baselines import to_int4pack
+
+        try:
+            int4pack = to_int4pack(copy.deepcopy(model), dtype)
+        except ValueError as e:  # aten's shape limits (N % 16, G in 32..256)
+            _log(f"  gptqmodel-style int4pack baseline skipped: {e}")
+        else:
+            results["int4pack"] = bench(int4pack, ids, args.new_tokens, "gptqmodel-style aten int4pack")
     outs = {k: v[2] for k, v in results.items()}
     if "compiled" in outs and "eager" in outs:
         same = torch.equal(outs["compiled"], outs["eager"])

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 import awq_inductor
 from awq_inductor import AWQLinear
+from awq_inductor.baselines import Int4PackLinear
 
 SHAPES = {
     "mlp_up": [(4096, 11008)],
@@ -40,18 +41,6 @@ def make_layer(K, N, G, seed=0):
     z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
     s = (torch.rand(N, K // G, generator=g) * 0.01 + 0.001).to(torch.float16)
     return q, z, s
-
-
-class _Int4Pack(torch.nn.Module):
-    def __init__(self, q, z, s, G, dtype):
-        super().__init__()
-        self.G = G
-        self.register_buffer("w", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
-        st = s.t().float()
-        self.register_buffer("sz", torch.stack([st, (8 - z.t().float()) * st], dim=-1).to(dtype).contiguous())
-
-    def forward(self, x):
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.w, self.G, self.sz)
 
 
 class _Dense(torch.nn.Module):
@@ -73,9 +62,9 @@ def build_methods(methods, q, z, s, G, dtype, dynamic_m):
     if "dense_bf16" in methods:
         fns["dense_bf16"] = _Dense(lin.dequantize().to(torch.bfloat16))
     if "aten_int4pack" in methods:
-        fns["aten_int4pack"] = _Int4Pack(q, z, s, G, dtype)
+        fns["aten_int4pack"] = Int4PackLinear(q, z, s, None, G, dtype)
     if "inductor_woq" in methods:
-        fns["inductor_woq"] = torch.compile(_Int4Pack(q, z, s, G, dtype),
+        fns["inductor_woq"] = torch.compile(Int4PackLinear(q, z, s, None, G, dtype),
                                             options={"max_autotune": True, "freezing": True})
     return fns
 

@@ -1,0 +1,54 @@
+"""Reference paths we compare against (benchmarks and the ``python -m awq_inductor`` report).
+
+``Int4PackLinear`` is what transformers 5 + gptqmodel run for AWQ on CPU
+(``TorchAtenAwqLinear``): ``aten._weight_int4pack_mm_for_cpu`` with the float zero
+``(8 - z) * s``, since aten computes ``(q - 8) * s + zero``. It needs N % 16 == 0 and
+G in {32, 64, 128, 256}.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .modules import AWQLinear
+
+ATEN_GROUP_SIZES = (32, 64, 128, 256)
+
+
+class Int4PackLinear(nn.Module):
+    """The gptqmodel-style CPU path for one int4 linear layer (a baseline, not our kernel)."""
+
+    def __init__(self, q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, bias, group_size: int,
+                 dtype: torch.dtype):
+        super().__init__()
+        N, K = q.shape
+        if N % 16 or group_size not in ATEN_GROUP_SIZES:
+            raise ValueError(f"Int4PackLinear: aten int4pack needs N % 16 == 0 and G in {ATEN_GROUP_SIZES}, "
+                             f"got N={N}, G={group_size}")
+        self.in_features, self.out_features, self.group_size = K, N, group_size
+        self.register_buffer("weight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1))
+        s = scales.t().float()
+        zf = (8 - zeros.t().float()) * s
+        self.register_buffer("scales_and_zeros", torch.stack([s, zf], dim=-1).to(dtype).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+
+    @classmethod
+    def from_awq_linear(cls, lin: AWQLinear, dtype: torch.dtype) -> "Int4PackLinear":
+        q, z, s = lin.canonical()
+        return cls(q, z, s, lin.bias, lin.group_size, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(self.scales_and_zeros.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, self.weight, self.group_size, self.scales_and_zeros)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features).to(x.dtype)
+
+
+def to_int4pack(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Replace every AWQLinear of ``model`` (in place) with :class:`Int4PackLinear`."""
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, AWQLinear):
+            model.set_submodule(name, Int4PackLinear.from_awq_linear(mod, dtype))
+    return model
