@@ -36,6 +36,7 @@ ALLOW_UNTESTED_ENV = "AWQ_INDUCTOR_ALLOW_UNTESTED_TORCH"
 
 TEMPLATE_NAME = "int4_mm_inductor.cpp.j2"
 ACC_BUF_NAME = "awq_acc_buf"
+SILU_MUL_BUF_NAME = "awq_silu_mul_buf"
 
 _lock = threading.Lock()
 _registered: Optional[bool] = None
@@ -194,12 +195,17 @@ def _build():
         return not any(free_symbols(s) for s in list(node.get_size()))
 
     class AwqInt4MMTemplate(CppTemplate):
-        def __init__(self, input_nodes, layout, num_threads, *, group_size, out_features, has_bias, isa):
-            super().__init__("awq_int4_mm", input_nodes, layout, num_threads)
+        def __init__(self, input_nodes, layout, num_threads, *, group_size, out_features, has_bias, isa,
+                     silu_mul=False):
+            super().__init__("awq_int4_mm_silu_mul" if silu_mul else "awq_int4_mm", input_nodes, layout,
+                             num_threads)
             self.group_size = group_size
             self.out_features = out_features
             self.has_bias = has_bias
             self.isa = isa
+            # awq::int4_mm_silu_mul: the driver runs N = 2 * out_features interleaved gate|up columns
+            # and the store lambda hands Inductor's store_output a [TILE_M, 32] silu(g) * u tile.
+            self.silu_mul = silu_mul
 
         def render(self, kernel, template_buffer_node=None, flag_template_buffer_has_other_users=None,
                    epilogue_nodes=None, **kwargs) -> str:
@@ -244,6 +250,11 @@ def _build():
                 Y_2d = Y
             kernel.define_stack_allocated_buffer(ACC_BUF_NAME, [cg.TILE_M, cg.TILE_N], torch.float)
             acc = kernel.local_buffers[ACC_BUF_NAME]
+            sm = sm_decl = None
+            if self.silu_mul:
+                sm_decl = kernel.define_stack_allocated_buffer(
+                    SILU_MUL_BUF_NAME, [cg.TILE_M, cg.TILE_N // 2], torch.float)
+                sm = kernel.local_buffers[SILU_MUL_BUF_NAME]
             inputs = {"X": X, "QW": self.input_nodes[1], "S": self.input_nodes[2], "Z": self.input_nodes[3]}
             if self.has_bias:
                 inputs["B"] = self.input_nodes[4]
@@ -251,7 +262,9 @@ def _build():
             options = dict(
                 kernel=kernel, template=self, isa=self.isa, X=X, Y=Y, Y_2d=Y_2d, GemmOut=gemm_out,
                 kernel_inputs=inputs, aliases=aliases, has_bias=self.has_bias,
-                N=self.out_features, K=int(X.get_size()[1]), G=self.group_size,
+                N=self.out_features * (2 if self.silu_mul else 1), K=int(X.get_size()[1]), G=self.group_size,
+                silu_mul=self.silu_mul, I=self.out_features, sm=sm, sm_buf_decl=sm_decl,
+                sm_buf_name=SILU_MUL_BUF_NAME, block_n=cg.TILE_N // 2,
                 is_dynamic_M=bool(free_symbols(X.get_size()[0])), num_threads=self.num_threads,
                 epilogue_nodes=epilogues, reindexers=reindexers, acc=acc, acc_buf_name=ACC_BUF_NAME,
                 export_declaration=get_export_declaration(), x_ctype=DTYPE_TO_CPP[x_dtype],
@@ -284,11 +297,11 @@ def _build():
             return "M == 0"
         return None
 
-    def lowering(x, qweight, scales, zeros, bias, group_size, out_features):
+    def lowering(x, qweight, scales, zeros, bias, group_size, out_features, *, op=OP, silu_mul=False):
         why = use_template(x, qweight, scales, zeros, bias, group_size, out_features)
         if why is not None:
-            log.debug("awq::int4_mm: extern fallback (%s)", why)
-            return L.fallback_handler(OP, add_to_fallback_set=False)(
+            log.debug("%s: extern fallback (%s)", op, why)
+            return L.fallback_handler(op, add_to_fallback_set=False)(
                 x, qweight, scales, zeros, bias, group_size, out_features)
         tensors = [x, qweight, scales, zeros] + ([bias] if bias is not None else [])
         tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
@@ -297,7 +310,8 @@ def _build():
         threads = awq_config.num_threads or parallel_num_threads()
         isa = choose_isa()
         tmpl = AwqInt4MMTemplate(tensors, layout, threads, group_size=int(group_size),
-                                 out_features=int(out_features), has_bias=bias is not None, isa=isa)
+                                 out_features=int(out_features), has_bias=bias is not None, isa=isa,
+                                 silu_mul=silu_mul)
         log.debug("awq::int4_mm: template isa=%s N=%s K=%s G=%s", isa, out_features, x_.get_size()[1], group_size)
         return tmpl.generate().output_node()
 
@@ -310,9 +324,17 @@ def _build():
         def uuid(self):
             return sources_hash()
 
+    OP_SILU_MUL = torch.ops.awq.int4_mm_silu_mul.default
+
+    def lowering_silu_mul(x, qweight, scales, zeros, bias, group_size, out_features):
+        """awq::int4_mm_silu_mul: the same template, SiLU(gate) * up computed in the store lambda."""
+        return lowering(x, qweight, scales, zeros, bias, group_size, out_features, op=OP_SILU_MUL, silu_mul=True)
+
     def install():
         L.register_lowering(OP, type_promotion_kind=None)(lowering)
+        L.register_lowering(OP_SILU_MUL, type_promotion_kind=None)(lowering_silu_mul)
 
     return types.SimpleNamespace(
-        AwqInt4MMTemplate=AwqInt4MMTemplate, lowering=lowering, use_template=use_template,
+        AwqInt4MMTemplate=AwqInt4MMTemplate, lowering=lowering, lowering_silu_mul=lowering_silu_mul,
+        use_template=use_template,
         AwqCachePass=AwqCachePass, install=install)
