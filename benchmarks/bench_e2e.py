@@ -1,0 +1,88 @@
+"""End to end: a Llama-shaped AWQ model (random weights), prefill and decode tokens/s.
+
+    python benchmarks/bench_e2e.py                       # hidden 4096, inter 11008, 32/8 heads, 2 layers
+    python benchmarks/bench_e2e.py --layers 4 --prompt-len 512 --new-tokens 32
+
+Methods, all on the same quantized weights, side by side in one process: ours compiled
+(backend ``awq_inductor``), ours eager, the gptqmodel-style path (``aten._weight_int4pack_mm_for_cpu``,
+zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The embedding and
+``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import tempfile
+import time
+
+import torch
+import transformers
+
+from awq_inductor import hf
+from awq_inductor.__main__ import bench
+from awq_inductor.baselines import to_int4pack
+from awq_inductor.testing import build_float_model, save_quantized
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--intermediate", type=int, default=11008)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--methods", default="compiled,eager,int4pack,dense")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_e2e.json"))
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    methods = a.methods.split(",")
+    cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+                                   num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                   num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
+                                   tie_word_embeddings=False)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        ref = save_quantized(build_float_model(cfg), d, format="gemm", group_size=a.group_size)
+        hf.patch_transformers()
+        model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+    print(f"built and loaded the AWQ model in {time.perf_counter() - t0:.1f}s", flush=True)
+    ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
+    res = {}
+    if "compiled" in methods:
+        t0 = time.perf_counter()
+        fwd = model.forward
+        model.forward = torch.compile(fwd, backend="awq_inductor")
+        res["ours compiled"] = bench(model, ids, a.new_tokens, "ours compiled (awq_inductor)")
+        model.forward = fwd
+        print(f"  (compile + warm-up {time.perf_counter() - t0:.1f}s)")
+    if "eager" in methods:
+        res["ours eager"] = bench(model, ids, a.new_tokens, "ours eager")
+    if "int4pack" in methods:
+        res["gptqmodel-style int4pack"] = bench(to_int4pack(copy.deepcopy(model), torch.bfloat16), ids,
+                                               a.new_tokens, "gptqmodel-style aten int4pack")
+    if "dense" in methods:
+        res["dense bf16"] = bench(ref.to(torch.bfloat16).eval(), ids, a.new_tokens, "dense bf16")
+    base = res.get("gptqmodel-style int4pack")
+    dense = res.get("dense bf16")
+    print(f"\nthreads={a.threads} layers={a.layers} hidden={a.hidden} inter={a.intermediate} "
+          f"heads={a.heads}/{a.kv_heads} vocab={a.vocab} prompt={a.prompt_len} new={a.new_tokens}\n")
+    print("| method | prefill tok/s | decode tok/s | decode vs int4pack | prefill vs dense |")
+    print("|---|---|---|---|---|")
+    for k, (pf, dc, _) in res.items():
+        r1 = f"{dc / base[1]:.2f}x" if base else ""
+        r2 = f"{pf / dense[0]:.2f}x" if dense else ""
+        print(f"| {k} | {pf:.1f} | {dc:.2f} | {r1} | {r2} |")
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"args": vars(a), "results": {k: v[:2] for k, v in res.items()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
