@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from . import formats
-from .modules import AWQLinear
+from . import packing
+from .modules import AWQGateUpSiluMul, AWQLinear
 
 ACT_QUANT_CHOICES = (None, "int8")
 #: (fused attribute, parts in output order)
@@ -246,7 +247,8 @@ def fuse_linears(mods: List[AWQLinear], names: List[str]) -> AWQLinear:
         if any_bias:
             bs.append(m.bias.detach() if m.bias is not None else torch.zeros(m.out_features, dtype=torch.float32))
     bias = torch.cat(bs) if any_bias else None
-    fused = AWQLinear.from_canonical(torch.cat(qs), torch.cat(zs), torch.cat(ss), bias, group_size=mods[0].group_size)
+    fused = AWQLinear.from_canonical(torch.cat(qs), torch.cat(zs), torch.cat(ss), bias, group_size=mods[0].group_size,
+                                   act_quant=mods[0].act_quant)
     src0 = getattr(mods[0], "awq_source", None) or {}
     bias_dtype = next((getattr(m, "awq_source", {}).get("bias_dtype") for m in mods
                        if getattr(m, "awq_source", {}).get("bias_dtype") is not None), None)
@@ -281,19 +283,162 @@ def _fuse_module(module: nn.Module, fused_attr: str, parts: Tuple[str, ...]) -> 
 
 
 # ---------------------------------------------------------------------------------------------
+# Gated MLP: SiLU(gate) * up fused into the gate|up int4 GEMM (awq::int4_mm_silu_mul)
+# ---------------------------------------------------------------------------------------------
+#: Forward bodies (after :func:`_normalized_body`) recognised as a SiLU-gated MLP:
+#: (kind, activation attribute, body). ``x`` is the forward's input. "separate": gate_proj and
+#: up_proj AWQLinear (Llama, Qwen2, Mistral, ...); "prefused": one gate_up_proj AWQLinear with
+#: rows [gate ; up] split by ``chunk(2, dim=-1)`` (Phi-3).
+_GATED_MLP_BODIES = (
+    ("separate", "act_fn", "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))\n"
+                           "return down_proj"),
+    ("separate", "act_fn", "return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"),
+    ("separate", "act_fn", "down_proj = self.down_proj(self.up_proj(x) * self.act_fn(self.gate_proj(x)))\n"
+                           "return down_proj"),
+    ("separate", "act_fn", "return self.down_proj(self.up_proj(x) * self.act_fn(self.gate_proj(x)))"),
+    ("prefused", "activation_fn", "up_states = self.gate_up_proj(x)\n"
+                                  "gate, up_states = up_states.chunk(2, dim=-1)\n"
+                                  "up_states = up_states * self.activation_fn(gate)\n"
+                                  "return self.down_proj(up_states)"),
+)
+
+
+class _Renamer(ast.NodeTransformer):
+    """Local names -> ``_0``, ``_1``, ... by first occurrence; ``self`` and the input keep fixed names."""
+
+    def __init__(self, arg: str):
+        self.names = {"self": "self", arg: "x"}
+
+    def visit_Name(self, node):
+        node.id = self.names.setdefault(node.id, f"_{len(self.names)}")
+        return node
+
+
+def _normalized_body(body: List[ast.stmt], arg: str) -> str:
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]  # docstring
+    mod = _Renamer(arg).visit(ast.Module(body=list(body), type_ignores=[]))
+    return ast.dump(mod)
+
+
+_GATED_MLP_CACHE: Dict[type, Optional[Tuple[str, str, str]]] = {}
+
+
+def _gated_mlp_forward(cls: type) -> Optional[Tuple[str, str, str]]:
+    """(kind, activation attribute, input name) if ``cls.forward(self, x)`` is exactly one of
+    :data:`_GATED_MLP_BODIES` (up to local names and a docstring); else None."""
+    if cls in _GATED_MLP_CACHE:
+        return _GATED_MLP_CACHE[cls]
+    result = None
+    try:
+        fn = inspect.unwrap(cls.forward)
+        arg = _forward_input_name(fn)
+        params = list(inspect.signature(fn).parameters.values())
+        fdef = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+        if arg is not None and len(params) == 2 and isinstance(fdef, ast.FunctionDef) and not fdef.decorator_list:
+            got = _normalized_body(fdef.body, arg)
+            for kind, act, src in _GATED_MLP_BODIES:
+                if got == _normalized_body(ast.parse(src).body, "x"):
+                    result = (kind, act, arg)
+                    break
+    except (OSError, TypeError, SyntaxError, IndexError, ValueError):
+        result = None
+    _GATED_MLP_CACHE[cls] = result
+    return result
+
+
+def _is_silu(mod) -> bool:
+    """nn.SiLU or transformers' ACT2FN["silu"] (``transformers.activations.SiLUActivation``)."""
+    t = type(mod)
+    if t is nn.SiLU:
+        return True
+    return t.__name__ == "SiLUActivation" and t.__module__.startswith("transformers.")
+
+
+_SILU_MUL_CLASSES: Dict[Tuple[type, str], type] = {}
+
+
+def _silu_mul_class(cls: type, arg: str) -> type:
+    key = (cls, arg)
+    if key in _SILU_MUL_CLASSES:
+        return _SILU_MUL_CLASSES[key]
+
+    def forward(self, *args, **kwargs):
+        x = args[0] if args else kwargs[arg]
+        return self.down_proj(self.gate_up_proj(x))
+
+    forward.__doc__ = (f"{cls.__name__}.forward as down_proj(gate_up_proj(x)): gate_up_proj is an "
+                       f"AWQGateUpSiluMul computing act(gate) * up inside the int4 GEMM.")
+    new_cls = type(f"AWQSiluMul{cls.__name__}", (cls,), {"forward": forward, "_awq_fused_attr": "gate_up_proj",
+                                                          "_awq_base_class": cls, "_awq_silu_mul": True})
+    new_cls.__module__ = cls.__module__
+    _SILU_MUL_CLASSES[key] = new_cls
+    return new_cls
+
+
+def _fuse_gated_mlp(module: nn.Module) -> bool:
+    """Swap a SiLU-gated MLP (see :data:`_GATED_MLP_BODIES`) for ``down_proj(gate_up_proj(x))`` with
+    ``gate_up_proj`` an :class:`AWQGateUpSiluMul`. Needs W4A16 AWQLinear projections, I % 32 == 0
+    and a SiLU activation; anything else is left to the plain gate|up fusion."""
+    if hasattr(module, "_awq_fused_attr"):
+        return False
+    spec = _gated_mlp_forward(type(module))
+    if spec is None:
+        return False
+    kind, act_attr, arg = spec
+    if not _is_silu(module._modules.get(act_attr)) or not isinstance(module._modules.get("down_proj"), nn.Module):
+        return False
+    if kind == "separate":
+        if "gate_up_proj" in module._modules:
+            return False
+        gate, up = module._modules.get("gate_proj"), module._modules.get("up_proj")
+        mods = [gate, up]
+        if not all(isinstance(m, AWQLinear) and getattr(m, "act_quant", None) is None for m in mods):
+            return False
+        I = gate.out_features
+        if fusion_blocker(mods) is not None or up.out_features != I or I % packing.BLOCK_N:
+            return False
+        fused = AWQGateUpSiluMul.from_gate_up(gate, up)
+        src0 = getattr(gate, "awq_source", None) or {}
+        bias_dtype = next((getattr(m, "awq_source", {}).get("bias_dtype") for m in mods
+                           if getattr(m, "awq_source", {}).get("bias_dtype") is not None), None)
+        fused.awq_source = {"format": src0.get("format"), "scales_dtype": src0.get("scales_dtype"),
+                            "bias_dtype": bias_dtype,
+                            "parts": [(p, m.out_features, m.bias is not None) for p, m in zip(("gate_proj", "up_proj"), mods)]}
+        del module._modules["gate_proj"], module._modules["up_proj"]
+        module.add_module("gate_up_proj", fused)
+    else:
+        gu = module._modules.get("gate_up_proj")
+        if not isinstance(gu, AWQLinear) or getattr(gu, "act_quant", None) is not None or gu.out_features % 2:
+            return False
+        I = gu.out_features // 2
+        if I % packing.BLOCK_N:
+            return False
+        q, z, s = gu.canonical()
+        fused = AWQGateUpSiluMul.from_canonical(q, z, s, gu.bias, group_size=gu.group_size, intermediate_size=I)
+        src = dict(getattr(gu, "awq_source", None) or {})
+        src["parts"] = src.get("parts") or [("gate_up_proj", 2 * I, gu.bias is not None)]
+        fused.awq_source = src
+        module._modules["gate_up_proj"] = fused
+    module.__class__ = _silu_mul_class(type(module), arg)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
 # Entry points
 # ---------------------------------------------------------------------------------------------
 def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = True,
             progress: Optional[callable] = None) -> nn.Module:
     """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
 
-    Idempotent; returns ``model``. ``act_quant``: None, or "int8" (W4A8, not implemented yet).
+    Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear,
+    including ones converted before, is packed for ``awq::int4_mm_a8``, dynamic per-token int8
+    activations; a later ``convert(model)`` packs them back to W4A16).
     ``progress(done, total, name)`` is called after each replaced module (for UIs).
     """
     if act_quant not in ACT_QUANT_CHOICES:
         raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
-    if act_quant == "int8":
-        raise NotImplementedError("act_quant='int8' (W4A8) is not implemented yet")
     todo = [(n, m) for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
     for i, (name, mod) in enumerate(todo):
         try:
@@ -305,14 +450,19 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
             progress(i + 1, len(todo), name)
     if fuse:
         for name, module in list(model.named_modules()):
+            if act_quant is None and _fuse_gated_mlp(module):
+                continue
             for fused_attr, parts in FUSIONS:
                 _fuse_module(module, fused_attr, parts)
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, AWQLinear) and mod.act_quant != act_quant:
+            model.set_submodule(name, mod.with_act_quant(act_quant))
     model._awq_inductor_converted = True
     return model
 
 
 def count_int4_linears(module: nn.Module) -> int:
-    return sum(1 for m in module.modules() if isinstance(m, AWQLinear))
+    return sum(1 for m in module.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul)))
 
 
 def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dict[str, torch.Tensor]:
@@ -320,18 +470,20 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
     original module names (fused modules split again). Used by ``save_pretrained``."""
     sd = model.state_dict()
     for name, mod in model.named_modules():
-        if not isinstance(mod, AWQLinear):
+        if not isinstance(mod, (AWQLinear, AWQGateUpSiluMul)):
             continue
         prefix = f"{name}." if name else ""
-        for t in ("qweight", "scales", "zeros", "bias"):
+        for t in ("qweight", "scales", "zeros", "comp", "bias"):
             sd.pop(prefix + t, None)
         src = getattr(mod, "awq_source", None) or {}
         fmt = src.get("format") or default_format
         sdt = src.get("scales_dtype") or torch.float16
         bdt = src.get("bias_dtype") or sdt
         parent = name.rpartition(".")[0]
-        parts = src.get("parts") or [(name.rpartition(".")[2], mod.out_features, mod.bias is not None)]
-        q, z, s = mod.canonical()
+        parts = src.get("parts") or [(name.rpartition(".")[2], getattr(mod, "gate_up_features", mod.out_features),
+                                      mod.bias is not None)]
+        q, z, s = mod.canonical()  # AWQGateUpSiluMul: [gate ; up] order, like the fused AWQLinear
+        bias = mod.canonical_bias() if isinstance(mod, AWQGateUpSiluMul) else mod.bias
         off = 0
         for part, n, has_bias in parts:
             pname = f"{parent}.{part}" if parent else part
@@ -344,6 +496,6 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
                 qw, qz, sc = formats.pack_awq(qi, zi, si, group_size=mod.group_size, format=fmt)
             sd[f"{pname}.qweight"], sd[f"{pname}.qzeros"], sd[f"{pname}.scales"] = qw, qz, sc
             if has_bias:
-                sd[f"{pname}.bias"] = mod.bias[sl].to(bdt).contiguous()
+                sd[f"{pname}.bias"] = bias[sl].to(bdt).contiguous()
             off += n
     return sd
