@@ -35,6 +35,8 @@ TESTED_TORCH = (2, 13)
 ALLOW_UNTESTED_ENV = "AWQ_INDUCTOR_ALLOW_UNTESTED_TORCH"
 
 TEMPLATE_NAME = "int4_mm_inductor.cpp.j2"
+#: Outer template of awq::int4_mm_a8 (W4A8): same store(acc, m_start, m_end, n_start, n_end) contract.
+A8_TEMPLATE_NAME = "int4_mm_a8_inductor.cpp.j2"
 ACC_BUF_NAME = "awq_acc_buf"
 SILU_MUL_BUF_NAME = "awq_silu_mul_buf"
 
@@ -196,9 +198,11 @@ def _build():
 
     class AwqInt4MMTemplate(CppTemplate):
         def __init__(self, input_nodes, layout, num_threads, *, group_size, out_features, has_bias, isa,
-                     silu_mul=False):
-            super().__init__("awq_int4_mm_silu_mul" if silu_mul else "awq_int4_mm", input_nodes, layout,
-                             num_threads)
+                     silu_mul=False, a8=False):
+            super().__init__("awq_int4_mm_a8" if a8 else ("awq_int4_mm_silu_mul" if silu_mul else "awq_int4_mm"),
+                             input_nodes, layout, num_threads)
+            # awq::int4_mm_a8 (W4A8): inputs x, qweight, scales, zeros, comp[, bias]; int4_mm_a8_driver.
+            self.a8 = a8
             self.group_size = group_size
             self.out_features = out_features
             self.has_bias = has_bias
@@ -256,9 +260,11 @@ def _build():
                     SILU_MUL_BUF_NAME, [cg.TILE_M, cg.TILE_N // 2], torch.float)
                 sm = kernel.local_buffers[SILU_MUL_BUF_NAME]
             inputs = {"X": X, "QW": self.input_nodes[1], "S": self.input_nodes[2], "Z": self.input_nodes[3]}
+            if self.a8:
+                inputs["C"] = self.input_nodes[4]
             if self.has_bias:
-                inputs["B"] = self.input_nodes[4]
-            awq_header = cg.render_header(self.isa, x_dtype)
+                inputs["B"] = self.input_nodes[5 if self.a8 else 4]
+            awq_header = cg.render_header_a8(self.isa, x_dtype) if self.a8 else cg.render_header(self.isa, x_dtype)
             options = dict(
                 kernel=kernel, template=self, isa=self.isa, X=X, Y=Y, Y_2d=Y_2d, GemmOut=gemm_out,
                 kernel_inputs=inputs, aliases=aliases, has_bias=self.has_bias,
@@ -277,7 +283,7 @@ def _build():
             with contextlib.ExitStack() as stack:
                 for buf in fake_buffers:
                     stack.enter_context(patch.object(V.graph, "get_dtype", self._fake_get_dtype(buf)))
-                return env.get_template(TEMPLATE_NAME).render(**options)
+                return env.get_template(A8_TEMPLATE_NAME if self.a8 else TEMPLATE_NAME).render(**options)
 
     def use_template(x, qweight, scales, zeros, bias, group_size, out_features) -> Optional[str]:
         """None if the template applies, else the reason for falling back."""
@@ -330,11 +336,35 @@ def _build():
         """awq::int4_mm_silu_mul: the same template, SiLU(gate) * up computed in the store lambda."""
         return lowering(x, qweight, scales, zeros, bias, group_size, out_features, op=OP_SILU_MUL, silu_mul=True)
 
+    OP_A8 = torch.ops.awq.int4_mm_a8.default
+
+    def lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+        """awq::int4_mm_a8 (W4A8): the same CppTemplate machinery, W4A8 driver and outer template."""
+        why = use_template(x, qweight, scales, zeros, bias, group_size, out_features)
+        if why is None and not _is_static(comp):
+            why = f"symbolic comp shape {list(comp.get_size())}"
+        if why is not None:
+            log.debug("%s: extern fallback (%s)", OP_A8, why)
+            return L.fallback_handler(OP_A8, add_to_fallback_set=False)(
+                x, qweight, scales, zeros, comp, bias, group_size, out_features)
+        tensors = [x, qweight, scales, zeros, comp] + ([bias] if bias is not None else [])
+        tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
+        x_ = tensors[0]
+        layout = ir.FixedLayout(x_.get_device(), x_.get_dtype(), [x_.get_size()[0], sympy.Integer(out_features)])
+        threads = awq_config.num_threads or parallel_num_threads()
+        isa = choose_isa()
+        tmpl = AwqInt4MMTemplate(tensors, layout, threads, group_size=int(group_size),
+                                 out_features=int(out_features), has_bias=bias is not None, isa=isa, a8=True)
+        log.debug("awq::int4_mm_a8: template isa=%s N=%s K=%s G=%s", isa, out_features, x_.get_size()[1],
+                  group_size)
+        return tmpl.generate().output_node()
+
     def install():
         L.register_lowering(OP, type_promotion_kind=None)(lowering)
+        L.register_lowering(OP_A8, type_promotion_kind=None)(lowering_a8)
         L.register_lowering(OP_SILU_MUL, type_promotion_kind=None)(lowering_silu_mul)
 
     return types.SimpleNamespace(
         AwqInt4MMTemplate=AwqInt4MMTemplate, lowering=lowering, lowering_silu_mul=lowering_silu_mul,
-        use_template=use_template,
+        use_template=use_template, lowering_a8=lowering_a8,
         AwqCachePass=AwqCachePass, install=install)
