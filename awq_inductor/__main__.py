@@ -96,25 +96,30 @@ def _dequantized_copy(model, dtype):
     return dense.to(dtype)
 
 
-def bench(model, ids, new_tokens: int, label: str):
+def bench(model, ids, new_tokens: int, label: str, repeats: int = 3):
     """(prefill tok/s, decode tok/s, generated ids). A full warm-up ``generate`` first (for the
-    compiled model it compiles the prefill and decode graphs, including dynamic-shape recompiles);
-    prefill = ``generate(max_new_tokens=1)``; decode = the remaining ``new_tokens - 1`` steps."""
+    compiled model it compiles the prefill and decode graphs, including dynamic-shape recompiles).
+    prefill = median time of ``generate(max_new_tokens=1)``; decode = (median time of the full
+    ``generate`` - prefill) over the remaining ``new_tokens - 1`` steps."""
+    import statistics
+
     import torch
 
     kw = dict(do_sample=False, pad_token_id=0)
+
+    def timed(n):
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t0, out
+
     with torch.no_grad():
-        t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-        warm = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-        prefill = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-        total = time.perf_counter() - t0
+        warm, _ = timed(new_tokens)
+        prefill = statistics.median(timed(1)[0] for _ in range(repeats))
+        runs = [timed(new_tokens) for _ in range(repeats)]
+    total = statistics.median(t for t, _ in runs)
+    out = runs[-1][1]
     steps = max(new_tokens - 1, 1)
-    decode = max(total - prefill, 1e-9)
+    decode = max(total - prefill, 1e-6)
     pf, dc = ids.numel() / prefill, steps * ids.shape[0] / decode
     _log(f"  {label:<34} warm-up {warm:6.1f}s   prefill {pf:8.1f} tok/s   decode {dc:7.1f} tok/s")
     return pf, dc, out
