@@ -29,7 +29,21 @@
    one more int4_mm per projection). Pre-fused checkpoints (Phi-3 ``qkv_proj``, ``gate_up_proj``)
    are single int4 linears already and stay as they are.
 
-With fusion a Llama / Qwen2 / Mistral / Phi-3 decoder layer runs 4 int4_mm calls: qkv, o, gate|up, down.
+3. **Gated MLP epilogue.** Before the fusions above, a module whose forward is exactly a SiLU-gated
+   MLP, ``self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))`` (Llama, Qwen2,
+   Mistral; checked on the AST by :func:`_gated_mlp_forward`, up to local names) or Phi-3's
+   ``gate_up_proj`` + ``chunk(2)`` + ``up * activation_fn(gate)``, with an ``nn.SiLU`` /
+   transformers ``SiLUActivation``, W4A16 projections and I % 32 == 0, gets ``gate_up_proj`` =
+   :class:`~awq_inductor.modules.AWQGateUpSiluMul` (``awq::int4_mm_silu_mul``: gate and up
+   32-column panels interleaved, SiLU(gate) * up computed on the GEMM's fp32 tiles, further
+   pointwise epilogues still fuse under Inductor) and a class swap to ``down_proj(gate_up_proj(x))``.
+   ``gate_proj`` / ``up_proj`` are removed; ``awq_source["parts"]`` lets
+   :func:`checkpoint_state_dict` write them (or Phi-3's ``gate_up_proj``) back. Other MLPs (other
+   activations, I % 32 != 0, act_quant="int8") keep the plain gate|up fusion, whose SiLU * mul
+   runs as a separate Inductor kernel.
+
+With fusion a Llama / Qwen2 / Mistral / Phi-3 decoder layer runs 4 int4 GEMM calls: qkv, o,
+gate|up (+ SiLU * mul), down.
 """
 from __future__ import annotations
 

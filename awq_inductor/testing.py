@@ -171,13 +171,19 @@ def rewrite_checkpoint(path: str, edit) -> None:
 
 
 class Int4MMCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts ``awq::int4_mm`` calls (eager): ``with Int4MMCounter() as c: model(x); c.count``."""
+    """Counts int4 GEMM calls (eager): ``with Int4MMCounter() as c: model(x); c.count``.
+
+    Every ``awq::int4_mm*`` op counts (``int4_mm``, ``int4_mm_silu_mul``, ...); ``c.by_op`` maps the
+    op name (e.g. ``"int4_mm_silu_mul"``) to its calls."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.by_op: Dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.awq.int4_mm.default:
+        if func.namespace == "awq" and func.__name__.split(".")[0].startswith("int4_mm"):
             self.count += 1
+            op = func.__name__.split(".")[0]
+            self.by_op[op] = self.by_op.get(op, 0) + 1
         return func(*args, **(kwargs or {}))

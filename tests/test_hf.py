@@ -12,7 +12,7 @@ pytest.importorskip("safetensors")
 
 from awq_inductor import hf, testing  # noqa: E402
 from awq_inductor.model_pass import OutputSlice  # noqa: E402
-from awq_inductor.modules import AWQLinear  # noqa: E402
+from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -54,15 +54,17 @@ def test_load_matches_dequantized_reference(tmp_path, arch, qm, fmt, gs):
     model, info = _load(path, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     n_layers = model.config.num_hidden_layers
-    # every quantized projection is an AWQLinear, 4 per decoder layer after fusion
-    assert sum(isinstance(m, AWQLinear) for m in model.model.layers.modules()) == 4 * n_layers
+    # every quantized projection is an AWQLinear, 4 int4 modules per decoder layer after fusion, the
+    # gate|up one with the SiLU*mul epilogue (I = 256 is a multiple of 32)
+    assert sum(isinstance(m, AWQLinear) for m in model.model.layers.modules()) == 3 * n_layers
+    assert sum(isinstance(m, AWQGateUpSiluMul) for m in model.model.layers.modules()) == n_layers
     assert isinstance(model.lm_head, torch.nn.Linear)
     if arch == "qwen2":  # q/k/v biases survive the fusion
         assert model.model.layers[0].self_attn.qkv_proj.bias is not None
     ids = _ids()
     with torch.no_grad(), testing.Int4MMCounter() as c:
         logits = model(ids).logits
-    assert c.count == 4 * n_layers
+    assert c.count == 4 * n_layers and c.by_op.get("int4_mm_silu_mul") == n_layers
     with torch.no_grad():
         want = ref(ids).logits
     torch.testing.assert_close(logits, want, atol=2e-3, rtol=2e-3)

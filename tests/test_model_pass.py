@@ -7,7 +7,7 @@ from torch import nn
 
 from awq_inductor import formats, model_pass, testing
 from awq_inductor.model_pass import OutputSlice, convert
-from awq_inductor.modules import AWQLinear
+from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear
 
 transformers = pytest.importorskip("transformers")
 
@@ -87,7 +87,9 @@ def test_foreign_modules_converted_and_fused(arch):
     # explicit GQA bounds, not chunk(3)
     assert (attn.q_proj.start, attn.q_proj.stop) == (0, cfg.num_attention_heads * hd)
     assert attn.v_proj.stop - attn.v_proj.start == cfg.num_key_value_heads * hd
-    assert isinstance(mlp.gate_up_proj, AWQLinear) and mlp.gate_up_proj.out_features == 2 * cfg.intermediate_size
+    # gated MLP with I % 32 == 0: gate|up fused with the SiLU*mul epilogue (awq::int4_mm_silu_mul)
+    assert isinstance(mlp.gate_up_proj, AWQGateUpSiluMul) and mlp.gate_up_proj.gate_up_features == 2 * cfg.intermediate_size
+    assert "gate_proj" not in mlp._modules and "up_proj" not in mlp._modules
     ids = torch.randint(0, cfg.vocab_size, (2, 9))
     with torch.no_grad(), testing.Int4MMCounter() as c:
         got = model(ids).logits
