@@ -127,14 +127,14 @@ def templates_hash() -> str:
 def render_header(isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
     """Common helpers + driver + the micro-kernels ``isa`` needs for activations of ``x_dtype``.
 
-    ``config.amx_min_m`` is baked in (it picks AMX vs the decode kernel inside the driver).
+    ``config.amx_min_m`` and ``config.panel_min_m`` are baked in (they pick the kernels inside the driver).
     ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to the
     scalar tile emulator instead of the ``_tile_*`` intrinsics."""
     isa = _check_isa(isa)
     dt = _dtype_name(x_dtype)
     emu = amx_emulated(amx_emulate)
     kw = dict(isa=isa, x_dtype=dt, tile_m=TILE_M, tile_n=TILE_N, amx_min_m=int(config.amx_min_m),
-              amx_emulate=emu, gcc_target=gcc_target(isa, emu))
+              panel_min_m=int(config.panel_min_m), amx_emulate=emu, gcc_target=gcc_target(isa, emu))
     parts = [_render("common.h.j2", **kw)]
     if isa == "portable":
         parts.append(_render("micro_portable.h.j2", **kw))

@@ -16,6 +16,12 @@ force_isa: Optional[str] = None
 #: AVX512-BF16 decode kernel (bf16/fp16 activations). Measured with benchmarks/bench_linear.py.
 amx_min_m: int = 5
 
+#: Rows of activations from which, without AMX (avx512 ISA, or fp32/fp16 x), the kernel
+#: dequantizes each K-chunk x 64-column weight tile once into an fp32 buffer and reuses it for
+#: every row (register-blocked 6 x 64 FMA kernel) instead of re-dequantizing per 4 rows.
+#: Baked into the generated code. Measured with benchmarks/bench_linear.py.
+panel_min_m: int = 8
+
 #: Render the AMX micro-kernels against a scalar C++ emulator of the tile instructions instead of
 #: the ``_tile_*`` intrinsics (``AWQ_TILE_*`` macros in common.h.j2). Read at code-generation
 #: time and part of the generated source text. For testing the AMX kernel logic on CPUs (or VMs)
