@@ -1,0 +1,151 @@
+"""Golden tests of OUR generated W4A8 C++ (awq::int4_mm_a8): the ``// BEGIN awq`` .. ``// END awq``
+region, normalised like tests/test_goldens.py (size symbols -> s0, store_output body elided).
+
+Regenerate with ``EXPECTTEST_ACCEPT=1 pytest tests/test_goldens_w4a8.py``. The inlined header must be
+exactly ``codegen.render_header_a8(isa, dtype)``. AMX runs in tile emulation where the CPU has no
+usable AMX (the generated region does not depend on it).
+"""
+from __future__ import annotations
+
+import tempfile
+import unittest.mock
+
+import expecttest
+import torch
+from torch._inductor import config as iconfig
+from torch._inductor.utils import run_and_get_code
+
+from awq_inductor import codegen, lowering, packing
+from awq_inductor import config as awq_config
+from awq_inductor.ops import int4_mm_a8_reference
+from test_goldens import awq_region
+
+AMX_RUNS = bool(torch.cpu._is_amx_tile_supported())
+N, K, G = 72, 128, 64
+
+
+class TestGoldensW4A8(expecttest.TestCase):
+    def setUp(self):
+        assert lowering.register()
+        torch._dynamo.reset()
+        self._tmp = tempfile.TemporaryDirectory()
+        self._env = unittest.mock.patch.dict("os.environ", {"TORCHINDUCTOR_CACHE_DIR": self._tmp.name})
+        self._env.start()
+        self._cfg = iconfig.patch({"force_disable_caches": True, "cpp.threads": 4})
+        self._cfg.__enter__()
+        g = torch.Generator().manual_seed(7)
+        q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+        z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
+        s = torch.randn(N, K // G, generator=g) * 0.05
+        self.w = (*packing.pack_for_int8_kernel(q, z, s, G), torch.randn(N, generator=g), G, N)
+
+    def tearDown(self):
+        self._cfg.__exit__(None, None, None)
+        self._env.stop()
+        self._tmp.cleanup()
+        torch._dynamo.reset()
+
+    def gen(self, isa: str, dynamic: bool, dtype=torch.bfloat16) -> str:
+        x = torch.randn(8, K, dtype=dtype)
+        if dynamic:
+            torch._dynamo.mark_dynamic(x, 0)
+        f = torch.compile(lambda a: torch.ops.awq.int4_mm_a8(a, *self.w), fullgraph=True)
+        emulate = isa == "amx" and not AMX_RUNS
+        with awq_config.patch(force_isa=isa, amx_emulation=emulate):
+            out, codes = run_and_get_code(f, x)
+            header = codegen.render_header_a8(isa, dtype)
+        ref = int4_mm_a8_reference(x, *self.w).float()
+        err = ((out.float() - ref).abs().mean() / ref.abs().mean()).item()
+        self.assertLess(err, 0.03)
+        code = "\n".join(codes)
+        self.assertNotIn("torch.ops.awq.int4_mm_a8", code)
+        self.assertIn(header, code)  # inlined, verbatim (not goldened)
+        if isa != "portable":
+            self.assertIn("_mm512_dpbusd_epi32", code)
+        if isa == "amx":
+            self.assertIn("AWQ_TILE_DPBUSD(0, 4, 6)", code)
+        return awq_region(code)
+
+    def test_avx512_static(self):
+        self.assertExpectedInline(self.gen("avx512", False), """\
+// BEGIN awq
+extern "C"
+void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint8_t* Z, const int32_t* C, const float* B, at::BFloat16* Y)
+{
+    // awq::int4_mm_a8 (W4A8, per-token int8 x)  isa=avx512  N=72  K=128  G=64  threads=4
+    constexpr int64_t N = 72;
+    constexpr int64_t K = 128;
+    constexpr int64_t G = 64;
+    constexpr int64_t M = static_cast<int64_t>(8L);
+    if (M <= 0) return;
+    awq::int4_mm_a8_driver(
+        X, M, QW, S, Z, C, B, N, K, G, 4,
+        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+            float* awq_acc_buf = const_cast<float*>(awq_acc);
+            <inductor store_output>
+        });
+}
+// END awq""")
+
+    def test_avx512_dynamic(self):
+        self.assertExpectedInline(self.gen("avx512", True), """\
+// BEGIN awq
+extern "C"
+void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint8_t* Z, const int32_t* C, const float* B, at::BFloat16* Y, const int64_t s0)
+{
+    // awq::int4_mm_a8 (W4A8, per-token int8 x)  isa=avx512  N=72  K=128  G=64  threads=4
+    constexpr int64_t N = 72;
+    constexpr int64_t K = 128;
+    constexpr int64_t G = 64;
+    const int64_t M = static_cast<int64_t>(s0);
+    if (M <= 0) return;
+    awq::int4_mm_a8_driver(
+        X, M, QW, S, Z, C, B, N, K, G, 4,
+        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+            float* awq_acc_buf = const_cast<float*>(awq_acc);
+            <inductor store_output>
+        });
+}
+// END awq""")
+
+    def test_amx_static(self):
+        self.assertExpectedInline(self.gen("amx", False), """\
+// BEGIN awq
+extern "C"
+void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint8_t* Z, const int32_t* C, const float* B, at::BFloat16* Y)
+{
+    // awq::int4_mm_a8 (W4A8, per-token int8 x)  isa=amx  N=72  K=128  G=64  threads=4
+    constexpr int64_t N = 72;
+    constexpr int64_t K = 128;
+    constexpr int64_t G = 64;
+    constexpr int64_t M = static_cast<int64_t>(8L);
+    if (M <= 0) return;
+    awq::int4_mm_a8_driver(
+        X, M, QW, S, Z, C, B, N, K, G, 4,
+        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+            float* awq_acc_buf = const_cast<float*>(awq_acc);
+            <inductor store_output>
+        });
+}
+// END awq""")
+
+    def test_portable_static_f32(self):
+        self.assertExpectedInline(self.gen("portable", False, torch.float32), """\
+// BEGIN awq
+extern "C"
+void kernel(const float* X, const uint8_t* QW, const float* S, const uint8_t* Z, const int32_t* C, const float* B, float* Y)
+{
+    // awq::int4_mm_a8 (W4A8, per-token int8 x)  isa=portable  N=72  K=128  G=64  threads=4
+    constexpr int64_t N = 72;
+    constexpr int64_t K = 128;
+    constexpr int64_t G = 64;
+    constexpr int64_t M = static_cast<int64_t>(8L);
+    if (M <= 0) return;
+    awq::int4_mm_a8_driver(
+        X, M, QW, S, Z, C, B, N, K, G, 4,
+        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+            float* awq_acc_buf = const_cast<float*>(awq_acc);
+            <inductor store_output>
+        });
+}
+// END awq""")
