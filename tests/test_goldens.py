@@ -67,7 +67,7 @@ def awq_region(code: str) -> str:
                 skipping = False
             continue
         out.append(ln)
-        if "awq_acc_buf = const_cast<float*>(awq_acc);" in ln:
+        if "awq_acc_buf = const_cast<float*>(awq_acc);" in ln or "// store_output:" in ln:
             skipping = True
     return "\n".join(out)
 
@@ -236,6 +236,55 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
         X, M, QW, S, Z, B, N, K, G, 4,
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
+            <inductor store_output>
+        });
+}
+// END awq""")
+
+    def test_silu_mul_avx512_dynamic(self):
+        """awq::int4_mm_silu_mul: driver N = 2I interleaved gate|up columns, silu(g) * u into a local
+        [TILE_M, 32] tile, then Inductor's store_output (here with a fused residual add)."""
+        I = 64
+        g = torch.Generator().manual_seed(8)
+        q = torch.randint(0, 16, (2 * I, K), dtype=torch.uint8, generator=g)
+        z = torch.randint(0, 16, (2 * I, K // G), dtype=torch.uint8, generator=g)
+        s = torch.rand(2 * I, K // G, generator=g) * 0.05
+        w = (*packing.pack_gate_up_for_kernel(q, z, s, G, I), None, G, I)
+        x = torch.randn(8, K, dtype=torch.bfloat16)
+        r = torch.randn(8, I, dtype=torch.bfloat16)
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(r, 0)
+        f = torch.compile(lambda a, b: torch.ops.awq.int4_mm_silu_mul(a, *w) + b, fullgraph=True)
+        with awq_config.patch(force_isa="avx512"):
+            out, codes = run_and_get_code(f, x, r)
+        from awq_inductor.ops import int4_mm_silu_mul_reference
+
+        ref = int4_mm_silu_mul_reference(x.float(), *w) + r.float()
+        torch.testing.assert_close(out.float() / ref.abs().max(), ref / ref.abs().max(), atol=2e-2, rtol=2e-2)
+        code = "\n".join(codes)
+        self.assertNotIn("torch.ops.awq.int4_mm", code)
+        region = code[code.index("// BEGIN awq"): code.index("// END awq")]
+        self.assertRegex(region, r"awq_silu_mul_buf \+")  # Inductor's epilogue reads the silu*mul tile
+        self.assertExpectedInline(awq_region(code), """\
+// BEGIN awq
+extern "C"
+void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint8_t* Z, const at::BFloat16* in_ptr4, at::BFloat16* Y, const int64_t s0)
+{
+    // awq::int4_mm_silu_mul  isa=avx512  N=128 (2 x I=64, gate|up panels interleaved)  K=128  G=64  threads=4
+    constexpr int64_t N = 128;
+    constexpr int64_t K = 128;
+    constexpr int64_t G = 64;
+    const int64_t M = static_cast<int64_t>(s0);
+    if (M <= 0) return;
+    awq::int4_mm_driver(
+        X, M, QW, S, Z, nullptr, N, K, G, 4,
+        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+            // tiles are 64 wide and 64-aligned (I % 32 == 0): columns [n_start, n_start + 32) are gate,
+            // [n_start + 32, n_end) up, for the outputs [o_start, o_start + 32)
+            const int64_t o_start = n_start / 2;
+            alignas(64) float _awq_silu_mul_buf[static_cast<int64_t>(1024L)]; float* awq_silu_mul_buf = _awq_silu_mul_buf;
+            awq::silu_mul_tile(awq_acc, m_end - m_start, awq_silu_mul_buf, 32);
+            // store_output: Inductor's epilogues over the silu(gate) * up tile
             <inductor store_output>
         });
 }
