@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+import torch._dynamo
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -74,6 +75,13 @@ def test_load_matches_dequantized_reference(tmp_path, arch, qm, fmt, gs):
     out = model.generate(prompt, **kw)
     exp = ref.generate(prompt, **kw)
     assert torch.equal(out, exp)
+    # the same through torch.compile with our backend (dynamic KV cache; prefill + decode graphs)
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="awq_inductor")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, atol=2e-3, rtol=2e-3)
+        assert torch.equal(model.generate(prompt, **kw), exp)
+    torch._dynamo.reset()
 
 
 def test_group_size_minus_one_and_modules_to_not_convert(tmp_path):
