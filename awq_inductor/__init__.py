@@ -1,21 +1,22 @@
 """awq-inductor: AWQ int4 language models on CPUs through torch.compile.
 
 Public API:
-    AWQLinear                    int4 linear layer (from_awq, from_gptq, from_canonical)
+    AWQLinear                    int4 linear layer (from_awq, from_gptq, from_canonical; act_quant="int8")
+    AWQGateUpSiluMul             fused gate|up int4 linear with SiLU(gate) * up in the kernel
     convert(model)               the model pass: AWQ linears -> AWQLinear, fused q/k/v and gate/up
     patch_transformers()         make transformers 5.x load AWQ/GPTQ checkpoints onto our op on CPU
     awq_inductor_backend         torch.compile backend (also ``backend="awq_inductor"``)
     config                       package settings (forced ISA, AMX threshold, threads)
-    torch.ops.awq.int4_mm        the custom op (see awq_inductor.ops for the schema)
+    torch.ops.awq.int4_mm        the custom ops: int4_mm, int4_mm_silu_mul, int4_mm_a8 (awq_inductor.ops)
 """
 from __future__ import annotations
 
 from . import config, ops  # noqa: F401  (ops defines torch.ops.awq.int4_mm)
-from .modules import AWQLinear
+from .modules import AWQGateUpSiluMul, AWQLinear
 
 __version__ = "0.1.0"
 
-__all__ = ["AWQLinear", "convert", "patch_transformers", "awq_inductor_backend", "config", "__version__"]
+__all__ = ["AWQLinear", "AWQGateUpSiluMul", "convert", "patch_transformers", "awq_inductor_backend", "config", "__version__"]
 
 
 def __getattr__(name):
