@@ -24,7 +24,6 @@ from . import codegen, config
 
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
 _lock = threading.Lock()
-_kernels: Dict[Tuple[str, torch.dtype, bool], Callable] = {}
 _libs: Dict[str, ctypes.CDLL] = {}  # keep loaded libraries alive
 _amx_ready = False
 
@@ -86,30 +85,42 @@ def _ensure_amx() -> None:
         _amx_ready = True
 
 
-def _load(isa: str, x_dtype: torch.dtype, amx_emulate: bool = False, entry: str = "awq_int4_mm"):
-    src = codegen.render_eager(isa, x_dtype, amx_emulate)
-    so = build(src, codegen.compile_flags(isa, amx_emulate))
+# op -> (C entry-point prefix, renderer, library name, weight tensors after x and before bias)
+_ENTRIES = {
+    "int4_mm": ("awq_int4_mm", "render_eager", "awq_int4_mm", 3),
+    "int4_mm_silu_mul": ("awq_int4_mm_silu_mul", "render_eager", "awq_int4_mm", 3),
+    "int4_mm_a8": ("awq_int4_mm_a8", "render_eager_a8", "awq_int4_mm_a8", 4),
+}
+_kernels: Dict[Tuple[str, str, torch.dtype, bool], Callable] = {}
+
+
+def _load(op: str, isa: str, x_dtype: torch.dtype, amx_emulate: bool):
+    entry, renderer, name, n_weights = _ENTRIES[op]
+    src = getattr(codegen, renderer)(isa, x_dtype, amx_emulate)
+    so = build(src, codegen.compile_flags(isa, amx_emulate), name=name)
     lib = _libs.get(so)
     if lib is None:
         lib = ctypes.CDLL(so)
         _libs[so] = lib
     fn = getattr(lib, f"{entry}_{codegen._dtype_name(x_dtype)}")
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [vp, i64, vp, vp, vp, vp, vp, i64, i64, i64, ctypes.c_int]
+    # x, M, weights..., bias, out, N, K, G, threads
+    fn.argtypes = [vp, i64] + [vp] * n_weights + [vp, vp, i64, i64, i64, ctypes.c_int]
     fn.restype = None
     return fn
 
 
-def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
-    """Callable ``(x, qweight, scales, zeros, bias, group_size, out_features) -> Tensor`` running the
-    standalone kernel for activations of ``x_dtype``. Arguments must already be validated
-    (``ops.check_int4_mm_args``) and ``x`` contiguous."""
+def _get(op: str, x_dtype: torch.dtype, isa: Optional[str]) -> Callable:
+    """The eager kernel of ``op`` for activations of ``x_dtype``, built once per
+    (op, ISA, dtype, AMX emulation) and cached. The returned callable takes the op's arguments
+    ``(x, *weights, bias, group_size, out_features)``, already validated (``ops.check_*_args``),
+    ``x`` contiguous."""
     if isa is None:
         isa = codegen.detect_isa()
-    # config.amx_emulation (read here, like the ISA): AMX tile instructions run in a scalar
-    # emulator, so neither AMX permission nor -mamx flags are needed.
+    # With config.amx_emulation the AMX micro-kernels run on the scalar tile emulator, so neither
+    # AMX permission nor -mamx flags are needed.
     emulate = isa == "amx" and codegen.amx_emulated()
-    key = (isa, x_dtype, emulate)
+    key = (op, isa, x_dtype, emulate)
     k = _kernels.get(key)
     if k is not None:
         return k
@@ -117,17 +128,19 @@ def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
         k = _kernels.get(key)
         if k is not None:
             return k
-        if isa == "amx" and x_dtype == torch.bfloat16 and not emulate:
+        # the W4A16 AMX path runs for bf16 only; W4A8 uses AMX int8 tiles for any x dtype
+        if isa == "amx" and not emulate and (op == "int4_mm_a8" or x_dtype == torch.bfloat16):
             _ensure_amx()
-        fn = _load(isa, x_dtype, emulate)
+        fn = _load(op, isa, x_dtype, emulate)
         empty = torch.empty
 
-        def kernel(x, qweight, scales, zeros, bias, group_size, out_features):
+        def kernel(x, *args):
+            *weights, bias, group_size, out_features = args
             M, K = x.shape
             out = empty((M, out_features), dtype=x.dtype)
             if M:
                 nt = config.num_threads or torch.get_num_threads()
-                fn(x.data_ptr(), M, qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
+                fn(x.data_ptr(), M, *(w.data_ptr() for w in weights),
                    bias.data_ptr() if bias is not None else None, out.data_ptr(),
                    out_features, K, group_size, nt)
             return out
@@ -138,90 +151,17 @@ def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
         return kernel
 
 
-_silu_mul_kernels: Dict[Tuple[str, torch.dtype, bool], Callable] = {}
+def get_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """``awq::int4_mm``: ``(x, qweight, scales, zeros, bias, group_size, out_features) -> Tensor``."""
+    return _get("int4_mm", x_dtype, isa)
 
 
 def get_silu_mul_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
-    """Callable ``(x, qweight, scales, zeros, bias, group_size, out_features) -> Tensor`` running
-    ``awq_int4_mm_silu_mul_<dtype>`` (same translation unit and ISA choice as :func:`get_kernel`):
-    ``out_features`` is I, the weight holds 2I interleaved gate|up columns. Arguments must already be
-    validated (``ops.check_int4_mm_silu_mul_args``) and ``x`` contiguous."""
-    if isa is None:
-        isa = codegen.detect_isa()
-    emulate = isa == "amx" and codegen.amx_emulated()
-    key = (isa, x_dtype, emulate)
-    k = _silu_mul_kernels.get(key)
-    if k is not None:
-        return k
-    with _lock:
-        k = _silu_mul_kernels.get(key)
-        if k is not None:
-            return k
-        if isa == "amx" and x_dtype == torch.bfloat16 and not emulate:
-            _ensure_amx()
-        fn = _load(isa, x_dtype, emulate, entry="awq_int4_mm_silu_mul")
-        empty = torch.empty
-
-        def kernel(x, qweight, scales, zeros, bias, group_size, out_features):
-            M, K = x.shape
-            out = empty((M, out_features), dtype=x.dtype)
-            if M:
-                nt = config.num_threads or torch.get_num_threads()
-                fn(x.data_ptr(), M, qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(),
-                   bias.data_ptr() if bias is not None else None, out.data_ptr(),
-                   out_features, K, group_size, nt)
-            return out
-
-        kernel.isa = isa  # type: ignore[attr-defined]
-        kernel.amx_emulated = emulate  # type: ignore[attr-defined]
-        _silu_mul_kernels[key] = kernel
-        return kernel
-
-
-# ---- W4A8 (awq::int4_mm_a8) ------------------------------------------------------------------
-_a8_kernels: Dict[Tuple[str, torch.dtype, bool], Callable] = {}
+    """``awq::int4_mm_silu_mul`` (same translation unit as :func:`get_kernel`): ``out_features`` is I,
+    the weight holds 2I interleaved gate|up columns."""
+    return _get("int4_mm_silu_mul", x_dtype, isa)
 
 
 def get_a8_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
-    """Callable ``(x, qweight, scales, zeros, comp, bias, group_size, out_features) -> Tensor`` running
-    ``awq_int4_mm_a8_<dtype>`` (codegen.render_eager_a8), cached per (ISA, dtype, emulation) like
-    :func:`get_kernel`. Arguments must already be validated (``ops.check_int4_mm_a8_args``), ``x``
-    contiguous."""
-    if isa is None:
-        isa = codegen.detect_isa()
-    emulate = isa == "amx" and codegen.amx_emulated()
-    key = (isa, x_dtype, emulate)
-    k = _a8_kernels.get(key)
-    if k is not None:
-        return k
-    with _lock:
-        k = _a8_kernels.get(key)
-        if k is not None:
-            return k
-        if isa == "amx" and not emulate:
-            _ensure_amx()
-        so = build(codegen.render_eager_a8(isa, x_dtype, emulate), codegen.compile_flags(isa, emulate),
-                   name="awq_int4_mm_a8")
-        lib = _libs.get(so)
-        if lib is None:
-            lib = ctypes.CDLL(so)
-            _libs[so] = lib
-        fn = getattr(lib, f"awq_int4_mm_a8_{codegen._dtype_name(x_dtype)}")
-        vp, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [vp, i64, vp, vp, vp, vp, vp, vp, i64, i64, i64, ctypes.c_int]
-        fn.restype = None
-        empty = torch.empty
-
-        def kernel(x, qweight, scales, zeros, comp, bias, group_size, out_features):
-            M, K = x.shape
-            out = empty((M, out_features), dtype=x.dtype)
-            if M:
-                nt = config.num_threads or torch.get_num_threads()
-                fn(x.data_ptr(), M, qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), comp.data_ptr(),
-                   bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size, nt)
-            return out
-
-        kernel.isa = isa  # type: ignore[attr-defined]
-        kernel.amx_emulated = emulate  # type: ignore[attr-defined]
-        _a8_kernels[key] = kernel
-        return kernel
+    """``awq::int4_mm_a8``: ``(x, qweight, scales, zeros, comp, bias, group_size, out_features)``."""
+    return _get("int4_mm_a8", x_dtype, isa)
