@@ -23,11 +23,9 @@ BACKEND_NAME = "awq_inductor"
 
 def backend_config_patches(extra: Optional[dict] = None) -> dict:
     """The Inductor config patches the backend applies (``extra`` wins, pass lists are merged)."""
-    import torch._inductor.config as iconfig
-
     extra = dict(extra or {})
     ours = lowering.cache_pass()
-    user_pass = extra.pop("post_grad_custom_post_pass", iconfig.post_grad_custom_post_pass)
+    user_pass = extra.pop("post_grad_custom_post_pass", lowering.inductor_post_grad_custom_post_pass())
     if user_pass is None:
         post = ours
     else:
@@ -47,15 +45,10 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     ``options=`` / ``config_patches=`` (a dict of Inductor config) is merged into the patches.
     """
-    from torch._inductor.compile_fx import compile_fx
-
-    lowering.register()
     extra = {}
     mode = kwargs.pop("mode", None)
     if mode and mode != "default":
-        from torch._inductor import list_mode_options
-
-        extra.update(list_mode_options(mode))
+        extra.update(lowering.inductor_mode_options(mode))
     for key in ("options", "config_patches"):
         if kwargs.get(key):
             extra.update(kwargs.pop(key))
@@ -63,7 +56,7 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             kwargs.pop(key, None)
     if kwargs:
         raise TypeError(f"awq_inductor_backend: unexpected arguments {sorted(kwargs)}")
-    return compile_fx(gm, example_inputs, config_patches=backend_config_patches(extra))
+    return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra))
 
 
 def _entry_point_installed() -> bool:

@@ -368,3 +368,27 @@ def _build():
         AwqInt4MMTemplate=AwqInt4MMTemplate, lowering=lowering, lowering_silu_mul=lowering_silu_mul,
         use_template=use_template, lowering_a8=lowering_a8,
         AwqCachePass=AwqCachePass, install=install)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points into Inductor used by awq_inductor.backend (kept here: one module touches Inductor)
+def inductor_post_grad_custom_post_pass():
+    """Inductor's current ``post_grad_custom_post_pass`` setting (a user's own pass, or None)."""
+    import torch._inductor.config as iconfig
+
+    return iconfig.post_grad_custom_post_pass
+
+
+def inductor_mode_options(mode: str) -> dict:
+    """Inductor config for a ``torch.compile`` ``mode`` name (``max-autotune``, ...)."""
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode))
+
+
+def compile_with_inductor(gm, example_inputs, config_patches: dict):
+    """``compile_fx`` (the ``inductor`` backend) with ``config_patches``, our lowering registered."""
+    from torch._inductor.compile_fx import compile_fx
+
+    register()
+    return compile_fx(gm, example_inputs, config_patches=config_patches)
