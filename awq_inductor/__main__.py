@@ -57,11 +57,8 @@ def default_model_dir(cache_dir: str, group_size: int) -> str:
 
 def _dense_model(path: str, dtype):
     """The float baseline: ``dense.safetensors`` of the default model, or the dequantized AWQ model."""
-    import torch
     import transformers
     from safetensors.torch import load_file
-
-    from .modules import AWQLinear
 
     cfg = transformers.AutoConfig.from_pretrained(path)
     dense_file = os.path.join(path, "dense.safetensors")
@@ -75,25 +72,12 @@ def _dense_model(path: str, dtype):
 
 
 def _dequantized_copy(model, dtype):
-    """Dense copy of a converted model: AWQLinear -> nn.Linear with the dequantized weight."""
+    """Dense copy of a converted model: every int4 module -> nn.Linear on the dequantized weight."""
     import copy
 
-    import torch
-    from torch import nn
+    from .baselines import to_dense
 
-    from .model_pass import OutputSlice
-    from .modules import AWQLinear
-
-    dense = copy.deepcopy(model)
-    for name, mod in list(dense.named_modules()):
-        if isinstance(mod, AWQLinear):
-            lin = nn.Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, dtype=dtype)
-            with torch.no_grad():
-                lin.weight.copy_(mod.dequantize().to(dtype))
-                if mod.bias is not None:
-                    lin.bias.copy_(mod.bias.to(dtype))
-            dense.set_submodule(name, lin)
-    return dense.to(dtype)
+    return to_dense(copy.deepcopy(model), dtype).to(dtype)
 
 
 def bench(model, ids, new_tokens: int, label: str, repeats: int = 3):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .modules import AWQLinear
+from .modules import AWQGateUpSiluMul, AWQLinear
 
 ATEN_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -46,9 +46,50 @@ class Int4PackLinear(nn.Module):
         return y.reshape(*lead, self.out_features).to(x.dtype)
 
 
-def to_int4pack(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Replace every AWQLinear of ``model`` (in place) with :class:`Int4PackLinear`."""
+class GateUpSiluMul(nn.Module):
+    """``silu(y[..., :I]) * y[..., I:]`` over one [gate ; up] linear: what a baseline runs in place
+    of our fused :class:`AWQGateUpSiluMul` kernel."""
+
+    def __init__(self, gate_up: nn.Module, intermediate_size: int):
+        super().__init__()
+        self.gate_up = gate_up
+        self.intermediate_size = intermediate_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.gate_up(x)
+        return nn.functional.silu(y[..., :self.intermediate_size]) * y[..., self.intermediate_size:]
+
+
+def _replace(model: nn.Module, linear, gate_up) -> nn.Module:
     for name, mod in list(model.named_modules()):
         if isinstance(mod, AWQLinear):
-            model.set_submodule(name, Int4PackLinear.from_awq_linear(mod, dtype))
+            model.set_submodule(name, linear(mod))
+        elif isinstance(mod, AWQGateUpSiluMul):
+            model.set_submodule(name, GateUpSiluMul(gate_up(mod), mod.out_features))
     return model
+
+
+def to_int4pack(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Replace (in place) every AWQLinear with :class:`Int4PackLinear` and every fused gate|up
+    module with the aten int4pack gate|up linear followed by ``silu * mul``."""
+    def gate_up(m: AWQGateUpSiluMul):
+        q, z, s = m.canonical()
+        return Int4PackLinear(q, z, s, m.canonical_bias(), m.group_size, dtype)
+
+    return _replace(model, lambda m: Int4PackLinear.from_awq_linear(m, dtype), gate_up)
+
+
+def _dense_linear(w: torch.Tensor, bias, dtype: torch.dtype) -> nn.Linear:
+    lin = nn.Linear(w.shape[1], w.shape[0], bias=bias is not None, dtype=dtype)
+    with torch.no_grad():
+        lin.weight.copy_(w.to(dtype))
+        if bias is not None:
+            lin.bias.copy_(bias.to(dtype))
+    return lin
+
+
+def to_dense(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Replace (in place) every int4 module with ``nn.Linear`` on its dequantized weight (in
+    ``dtype``): the dense model computing the same function, for speed and accuracy baselines."""
+    return _replace(model, lambda m: _dense_linear(m.dequantize(), m.bias, dtype),
+                    lambda m: _dense_linear(m.dequantize(), m.canonical_bias(), dtype))

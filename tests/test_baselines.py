@@ -21,3 +21,20 @@ def test_int4pack_rejects_what_aten_cannot_run():
     q, z, s = random_canonical(40, 128, 128)
     with pytest.raises(ValueError, match="N % 16"):
         Int4PackLinear(q, z, s, None, 128, torch.float32)
+
+
+def test_baselines_replace_fused_gate_up():
+    from awq_inductor import AWQGateUpSiluMul
+    from awq_inductor.baselines import GateUpSiluMul, to_dense
+
+    q, z, s = random_canonical(128, 256, 128)
+    gate = AWQLinear.from_canonical(q[:64], z[:64], s[:64], torch.randn(64), group_size=128)
+    up = AWQLinear.from_canonical(q[64:], z[64:], s[64:], None, group_size=128)
+    fused = AWQGateUpSiluMul.from_gate_up(gate, up)
+    x = torch.randn(3, 256)
+    want = fused(x)
+    for conv in (lambda m: to_int4pack(m, torch.float32), lambda m: to_dense(m, torch.float32)):
+        m = conv(torch.nn.Sequential(AWQGateUpSiluMul.from_gate_up(gate, up)))
+        assert isinstance(m[0], GateUpSiluMul)
+        assert not any(isinstance(mod, (AWQGateUpSiluMul, AWQLinear)) for mod in m.modules())
+        torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-4)
