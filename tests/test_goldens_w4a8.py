@@ -1,5 +1,6 @@
 """Golden tests of OUR generated W4A8 C++ (awq::int4_mm_a8): the ``// BEGIN awq`` .. ``// END awq``
-region, normalised like tests/test_goldens.py (size symbols -> s0, store_output body elided).
+region, normalised like tests/test_goldens.py (tests/golden_utils.py: size symbols -> s0,
+store_output body elided).
 
 Regenerate with ``EXPECTTEST_ACCEPT=1 pytest tests/test_goldens_w4a8.py``. The inlined header must be
 exactly ``codegen.render_header_a8(isa, dtype)``. AMX runs in tile emulation where the CPU has no
@@ -7,43 +8,20 @@ usable AMX (the generated region does not depend on it).
 """
 from __future__ import annotations
 
-import tempfile
-import unittest.mock
-
-import expecttest
 import torch
-from torch._inductor import config as iconfig
-from torch._inductor.utils import run_and_get_code
 
-from awq_inductor import codegen, lowering, packing
+from awq_inductor import codegen, packing
 from awq_inductor import config as awq_config
 from awq_inductor.ops import int4_mm_a8_reference
-from test_goldens import awq_region
+from golden_utils import AMX_RUNS, GoldenTestCase, awq_weights, compile_code
 
-AMX_RUNS = bool(torch.cpu._is_amx_tile_supported())
 N, K, G = 72, 128, 64
 
 
-class TestGoldensW4A8(expecttest.TestCase):
+class TestGoldensW4A8(GoldenTestCase):
     def setUp(self):
-        assert lowering.register()
-        torch._dynamo.reset()
-        self._tmp = tempfile.TemporaryDirectory()
-        self._env = unittest.mock.patch.dict("os.environ", {"TORCHINDUCTOR_CACHE_DIR": self._tmp.name})
-        self._env.start()
-        self._cfg = iconfig.patch({"force_disable_caches": True, "cpp.threads": 4})
-        self._cfg.__enter__()
-        g = torch.Generator().manual_seed(7)
-        q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-        z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-        s = torch.randn(N, K // G, generator=g) * 0.05
-        self.w = (*packing.pack_for_int8_kernel(q, z, s, G), torch.randn(N, generator=g), G, N)
-
-    def tearDown(self):
-        self._cfg.__exit__(None, None, None)
-        self._env.stop()
-        self._tmp.cleanup()
-        torch._dynamo.reset()
+        super().setUp()
+        self.w = awq_weights(N, K, G, packing.pack_for_int8_kernel, seed=7, signed_scales=True)
 
     def gen(self, isa: str, dynamic: bool, dtype=torch.bfloat16) -> str:
         x = torch.randn(8, K, dtype=dtype)
@@ -52,19 +30,17 @@ class TestGoldensW4A8(expecttest.TestCase):
         f = torch.compile(lambda a: torch.ops.awq.int4_mm_a8(a, *self.w), fullgraph=True)
         emulate = isa == "amx" and not AMX_RUNS
         with awq_config.patch(force_isa=isa, amx_emulation=emulate):
-            out, codes = run_and_get_code(f, x)
+            out, code = compile_code(f, x)
             header = codegen.render_header_a8(isa, dtype)
         ref = int4_mm_a8_reference(x, *self.w).float()
         err = ((out.float() - ref).abs().mean() / ref.abs().mean()).item()
         self.assertLess(err, 0.03)
-        code = "\n".join(codes)
-        self.assertNotIn("torch.ops.awq.int4_mm_a8", code)
-        self.assertIn(header, code)  # inlined, verbatim (not goldened)
+        region = self.golden_region(code, "int4_mm_a8", header=header)
         if isa != "portable":
             self.assertIn("_mm512_dpbusd_epi32", code)
         if isa == "amx":
             self.assertIn("AWQ_TILE_DPBUSD(0, 4, 6)", code)
-        return awq_region(code)
+        return region
 
     def test_avx512_static(self):
         self.assertExpectedInline(self.gen("avx512", False), """\
