@@ -439,7 +439,8 @@ def patch_transformers(act_quant: Optional[str] = None) -> None:
     """Make transformers 5.x load AWQ and GPTQ int4 checkpoints on CPU into awq_inductor modules.
 
     Idempotent. ``act_quant`` is stored for the W4A8 path: ``None`` (bf16/fp16/fp32 activations) or
-    ``"int8"`` (W4A8: every int4 linear is packed for ``awq::int4_mm_a8`` when the model is loaded,
+    ``"int8"`` (W4A8: every int4 linear is packed for ``awq::int4_mm_a8``, fused SiLU-gated MLPs for
+    ``awq::int4_mm_a8_silu_mul``, when the model is loaded;
     activations are quantized per token to int8 inside the kernel).
     """
     if act_quant not in ACT_QUANT_CHOICES:

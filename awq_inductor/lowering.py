@@ -199,7 +199,7 @@ def _build():
     class AwqInt4MMTemplate(CppTemplate):
         def __init__(self, input_nodes, layout, num_threads, *, group_size, out_features, has_bias, isa,
                      silu_mul=False, a8=False):
-            super().__init__("awq_int4_mm_a8" if a8 else ("awq_int4_mm_silu_mul" if silu_mul else "awq_int4_mm"),
+            super().__init__(("awq_int4_mm_a8" if a8 else "awq_int4_mm") + ("_silu_mul" if silu_mul else ""),
                              input_nodes, layout, num_threads)
             # awq::int4_mm_a8 (W4A8): inputs x, qweight, scales, zeros, comp[, bias]; int4_mm_a8_driver.
             self.a8 = a8
@@ -338,14 +338,15 @@ def _build():
 
     OP_A8 = torch.ops.awq.int4_mm_a8.default
 
-    def lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+    def lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features, *, op=OP_A8,
+                    silu_mul=False):
         """awq::int4_mm_a8 (W4A8): the same CppTemplate machinery, W4A8 driver and outer template."""
         why = use_template(x, qweight, scales, zeros, bias, group_size, out_features)
         if why is None and not _is_static(comp):
             why = f"symbolic comp shape {list(comp.get_size())}"
         if why is not None:
-            log.debug("%s: extern fallback (%s)", OP_A8, why)
-            return L.fallback_handler(OP_A8, add_to_fallback_set=False)(
+            log.debug("%s: extern fallback (%s)", op, why)
+            return L.fallback_handler(op, add_to_fallback_set=False)(
                 x, qweight, scales, zeros, comp, bias, group_size, out_features)
         tensors = [x, qweight, scales, zeros, comp] + ([bias] if bias is not None else [])
         tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
@@ -354,19 +355,27 @@ def _build():
         threads = awq_config.num_threads or parallel_num_threads()
         isa = choose_isa()
         tmpl = AwqInt4MMTemplate(tensors, layout, threads, group_size=int(group_size),
-                                 out_features=int(out_features), has_bias=bias is not None, isa=isa, a8=True)
-        log.debug("awq::int4_mm_a8: template isa=%s N=%s K=%s G=%s", isa, out_features, x_.get_size()[1],
-                  group_size)
+                                 out_features=int(out_features), has_bias=bias is not None, isa=isa, a8=True,
+                                 silu_mul=silu_mul)
+        log.debug("%s: template isa=%s N=%s K=%s G=%s", op, isa, out_features, x_.get_size()[1], group_size)
         return tmpl.generate().output_node()
+
+    OP_A8_SILU_MUL = torch.ops.awq.int4_mm_a8_silu_mul.default
+
+    def lowering_a8_silu_mul(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+        """awq::int4_mm_a8_silu_mul: the W4A8 template, SiLU(gate) * up computed in the store lambda."""
+        return lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features, op=OP_A8_SILU_MUL,
+                           silu_mul=True)
 
     def install():
         L.register_lowering(OP, type_promotion_kind=None)(lowering)
         L.register_lowering(OP_A8, type_promotion_kind=None)(lowering_a8)
         L.register_lowering(OP_SILU_MUL, type_promotion_kind=None)(lowering_silu_mul)
+        L.register_lowering(OP_A8_SILU_MUL, type_promotion_kind=None)(lowering_a8_silu_mul)
 
     return types.SimpleNamespace(
         AwqInt4MMTemplate=AwqInt4MMTemplate, lowering=lowering, lowering_silu_mul=lowering_silu_mul,
-        use_template=use_template, lowering_a8=lowering_a8,
+        use_template=use_template, lowering_a8=lowering_a8, lowering_a8_silu_mul=lowering_a8_silu_mul,
         AwqCachePass=AwqCachePass, install=install)
 
 

@@ -33,14 +33,16 @@
    MLP, ``self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))`` (Llama, Qwen2,
    Mistral; checked on the AST by :func:`_gated_mlp_forward`, up to local names) or Phi-3's
    ``gate_up_proj`` + ``chunk(2)`` + ``up * activation_fn(gate)``, with an ``nn.SiLU`` /
-   transformers ``SiLUActivation``, W4A16 projections and I % 32 == 0, gets ``gate_up_proj`` =
-   :class:`~awq_inductor.modules.AWQGateUpSiluMul` (``awq::int4_mm_silu_mul``: gate and up
+   transformers ``SiLUActivation``, AWQLinear projections and I % 32 == 0, gets ``gate_up_proj`` =
+   :class:`~awq_inductor.modules.AWQGateUpSiluMul` (``awq::int4_mm_silu_mul``, or with
+   act_quant="int8" its W4A8 twin ``awq::int4_mm_a8_silu_mul``: gate and up
    32-column panels interleaved, SiLU(gate) * up computed on the GEMM's fp32 tiles, further
    pointwise epilogues still fuse under Inductor) and a class swap to ``down_proj(gate_up_proj(x))``.
    ``gate_proj`` / ``up_proj`` are removed; ``awq_source["parts"]`` lets
    :func:`checkpoint_state_dict` write them (or Phi-3's ``gate_up_proj``) back. Other MLPs (other
-   activations, I % 32 != 0, act_quant="int8") keep the plain gate|up fusion, whose SiLU * mul
-   runs as a separate Inductor kernel.
+   activations, I % 32 != 0) keep the plain gate|up fusion, whose SiLU * mul runs as a separate
+   Inductor kernel. A later ``convert(model, act_quant=...)`` repacks these modules like every
+   AWQLinear (W4A16 <-> W4A8).
 
 With fusion a Llama / Qwen2 / Mistral / Phi-3 decoder layer runs 4 int4 GEMM calls: qkv, o,
 gate|up (+ SiLU * mul), down.
@@ -391,10 +393,10 @@ def _silu_mul_class(cls: type, arg: str) -> type:
     return new_cls
 
 
-def _fuse_gated_mlp(module: nn.Module) -> bool:
+def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
     """Swap a SiLU-gated MLP (see :data:`_GATED_MLP_BODIES`) for ``down_proj(gate_up_proj(x))`` with
-    ``gate_up_proj`` an :class:`AWQGateUpSiluMul`. Needs W4A16 AWQLinear projections, I % 32 == 0
-    and a SiLU activation; anything else is left to the plain gate|up fusion."""
+    ``gate_up_proj`` an :class:`AWQGateUpSiluMul` packed for ``act_quant``. Needs AWQLinear
+    projections, I % 32 == 0 and a SiLU activation; anything else is left to the plain gate|up fusion."""
     if hasattr(module, "_awq_fused_attr"):
         return False
     spec = _gated_mlp_forward(type(module))
@@ -408,12 +410,12 @@ def _fuse_gated_mlp(module: nn.Module) -> bool:
             return False
         gate, up = module._modules.get("gate_proj"), module._modules.get("up_proj")
         mods = [gate, up]
-        if not all(isinstance(m, AWQLinear) and getattr(m, "act_quant", None) is None for m in mods):
+        if not all(isinstance(m, AWQLinear) for m in mods):
             return False
         I = gate.out_features
         if fusion_blocker(mods) is not None or up.out_features != I or I % packing.BLOCK_N:
             return False
-        fused = AWQGateUpSiluMul.from_gate_up(gate, up)
+        fused = AWQGateUpSiluMul.from_gate_up(gate, up, act_quant=act_quant)
         src0 = getattr(gate, "awq_source", None) or {}
         bias_dtype = next((getattr(m, "awq_source", {}).get("bias_dtype") for m in mods
                            if getattr(m, "awq_source", {}).get("bias_dtype") is not None), None)
@@ -424,13 +426,14 @@ def _fuse_gated_mlp(module: nn.Module) -> bool:
         module.add_module("gate_up_proj", fused)
     else:
         gu = module._modules.get("gate_up_proj")
-        if not isinstance(gu, AWQLinear) or getattr(gu, "act_quant", None) is not None or gu.out_features % 2:
+        if not isinstance(gu, AWQLinear) or gu.out_features % 2:
             return False
         I = gu.out_features // 2
         if I % packing.BLOCK_N:
             return False
         q, z, s = gu.canonical()
-        fused = AWQGateUpSiluMul.from_canonical(q, z, s, gu.bias, group_size=gu.group_size, intermediate_size=I)
+        fused = AWQGateUpSiluMul.from_canonical(q, z, s, gu.bias, group_size=gu.group_size, intermediate_size=I,
+                                                act_quant=act_quant)
         src = dict(getattr(gu, "awq_source", None) or {})
         src["parts"] = src.get("parts") or [("gate_up_proj", 2 * I, gu.bias is not None)]
         fused.awq_source = src
@@ -446,9 +449,10 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
             progress: Optional[callable] = None) -> nn.Module:
     """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
 
-    Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear,
-    including ones converted before, is packed for ``awq::int4_mm_a8``, dynamic per-token int8
-    activations; a later ``convert(model)`` packs them back to W4A16).
+    Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear and
+    AWQGateUpSiluMul, including ones converted before, is packed for ``awq::int4_mm_a8`` /
+    ``awq::int4_mm_a8_silu_mul``, dynamic per-token int8 activations; a later ``convert(model)``
+    packs them back to W4A16).
     ``progress(done, total, name)`` is called after each replaced module (for UIs).
     """
     if act_quant not in ACT_QUANT_CHOICES:
@@ -464,12 +468,12 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
             progress(i + 1, len(todo), name)
     if fuse:
         for name, module in list(model.named_modules()):
-            if act_quant is None and _fuse_gated_mlp(module):
+            if _fuse_gated_mlp(module, act_quant):
                 continue
             for fused_attr, parts in FUSIONS:
                 _fuse_module(module, fused_attr, parts)
     for name, mod in list(model.named_modules()):
-        if isinstance(mod, AWQLinear) and mod.act_quant != act_quant:
+        if isinstance(mod, (AWQLinear, AWQGateUpSiluMul)) and mod.act_quant != act_quant:
             model.set_submodule(name, mod.with_act_quant(act_quant))
     model._awq_inductor_converted = True
     return model

@@ -156,9 +156,14 @@ class AWQGateUpSiluMul(nn.Module):
     ``out_features`` is I (the output width), ``gate_up_features`` 2I (the stored weight's rows);
     :meth:`canonical` / :meth:`canonical_bias` / :meth:`dequantize` give the [gate ; up] order.
     Needs I % 32 == 0 (every 64-column kernel tile is one gate + one up panel).
+
+    ``act_quant``: ``None`` (W4A16, ``awq::int4_mm_silu_mul``) or ``"int8"`` (W4A8,
+    ``awq::int4_mm_a8_silu_mul``: buffers in the layout of :func:`packing.pack_gate_up_for_int8_kernel`,
+    same panel interleave, plus ``comp``), like :class:`AWQLinear`; :meth:`with_act_quant` repacks.
     """
 
-    def __init__(self, in_features: int, intermediate_size: int, group_size: int, bias: bool = False):
+    def __init__(self, in_features: int, intermediate_size: int, group_size: int, bias: bool = False,
+                 act_quant: Optional[str] = None):
         super().__init__()
         group_size = formats.resolve_group_size(group_size, in_features)
         if group_size % 2:
@@ -166,14 +171,25 @@ class AWQGateUpSiluMul(nn.Module):
         if intermediate_size <= 0 or intermediate_size % packing.BLOCK_N:
             raise ValueError(f"intermediate_size: expected a positive multiple of {packing.BLOCK_N}, "
                              f"got {intermediate_size}")
+        if act_quant not in ACT_QUANT_CHOICES:
+            raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
+        if act_quant == "int8" and (group_size % packing.A8_KSTEP or in_features % packing.A8_KSTEP):
+            raise ValueError(f"group_size: act_quant='int8' needs a multiple of {packing.A8_KSTEP}, "
+                             f"got {group_size} (in_features={in_features})")
         self.in_features = in_features
         self.out_features = intermediate_size
         self.gate_up_features = 2 * intermediate_size
         self.group_size = group_size
+        self.act_quant = act_quant
         npad = 2 * intermediate_size
         ng = in_features // group_size
-        self.register_buffer("qweight", torch.zeros(npad // packing.BLOCK_N, in_features // 2, packing.BLOCK_N,
-                                                    dtype=torch.uint8))
+        if act_quant == "int8":
+            self.register_buffer("qweight", torch.zeros(npad // packing.BLOCK_N, in_features // 4,
+                                                        2 * packing.BLOCK_N, dtype=torch.uint8))
+            self.register_buffer("comp", torch.zeros(ng, npad, dtype=torch.int32))
+        else:
+            self.register_buffer("qweight", torch.zeros(npad // packing.BLOCK_N, in_features // 2,
+                                                        packing.BLOCK_N, dtype=torch.uint8))
         self.register_buffer("scales", torch.zeros(ng, npad, dtype=torch.float32))
         self.register_buffer("zeros", torch.zeros(ng, npad, dtype=torch.uint8))
         if bias:
@@ -184,7 +200,7 @@ class AWQGateUpSiluMul(nn.Module):
     @classmethod
     def from_canonical(cls, q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
                        bias: Optional[torch.Tensor] = None, *, group_size: int,
-                       intermediate_size: int) -> "AWQGateUpSiluMul":
+                       intermediate_size: int, act_quant: Optional[str] = None) -> "AWQGateUpSiluMul":
         """From the canonical [gate ; up] form: q uint8 [2I, K], zeros uint8 / scales [2I, K/G]."""
         if q.dim() != 2:
             raise ValueError(f"q: expected a 2-D [2I, K] tensor, got {list(q.shape)}")
@@ -194,8 +210,12 @@ class AWQGateUpSiluMul(nn.Module):
         if bias is not None and (bias.dim() != 1 or bias.shape[0] != N or not bias.is_floating_point()):
             raise ValueError(f"bias: expected a float [{N}] tensor, got {bias.dtype} {list(bias.shape)}")
         group_size = formats.resolve_group_size(group_size, K)
-        mod = cls(K, intermediate_size, group_size, bias=bias is not None)
-        qw, s, z = packing.pack_gate_up_for_kernel(q, zeros, scales, group_size, intermediate_size)
+        mod = cls(K, intermediate_size, group_size, bias=bias is not None, act_quant=act_quant)
+        if act_quant == "int8":
+            qw, s, z, comp = packing.pack_gate_up_for_int8_kernel(q, zeros, scales, group_size, intermediate_size)
+            mod.comp.copy_(comp)
+        else:
+            qw, s, z = packing.pack_gate_up_for_kernel(q, zeros, scales, group_size, intermediate_size)
         mod.qweight.copy_(qw)
         mod.scales.copy_(s)
         mod.zeros.copy_(z)
@@ -204,11 +224,13 @@ class AWQGateUpSiluMul(nn.Module):
         return mod
 
     @classmethod
-    def from_gate_up(cls, gate: "AWQLinear", up: "AWQLinear") -> "AWQGateUpSiluMul":
-        """From two W4A16 AWQLinear with the same in_features, out_features and group size."""
+    def from_gate_up(cls, gate: "AWQLinear", up: "AWQLinear", *,
+                     act_quant: Optional[str] = None) -> "AWQGateUpSiluMul":
+        """From two AWQLinear (W4A16 or W4A8: repacked from canonical form either way) with the same
+        in_features, out_features and group size; the result is packed for ``act_quant``."""
         for name, m in (("gate", gate), ("up", up)):
-            if not isinstance(m, AWQLinear) or getattr(m, "act_quant", None) is not None:
-                raise ValueError(f"{name}: expected a W4A16 AWQLinear, got {m!r}")
+            if not isinstance(m, AWQLinear):
+                raise ValueError(f"{name}: expected an AWQLinear, got {m!r}")
         if (gate.in_features, gate.out_features, gate.group_size) != (up.in_features, up.out_features, up.group_size):
             raise ValueError(f"up: expected in/out features and group size {(gate.in_features, gate.out_features, gate.group_size)} "
                              f"like gate, got {(up.in_features, up.out_features, up.group_size)}")
@@ -219,18 +241,36 @@ class AWQGateUpSiluMul(nn.Module):
             zero = torch.zeros(I, dtype=torch.float32)
             bias = torch.cat([gate.bias if gate.bias is not None else zero, up.bias if up.bias is not None else zero])
         return cls.from_canonical(torch.cat([qg, qu]), torch.cat([zg, zu]), torch.cat([sg, su]), bias,
-                                  group_size=gate.group_size, intermediate_size=I)
+                                  group_size=gate.group_size, intermediate_size=I, act_quant=act_quant)
+
+    def with_act_quant(self, act_quant: Optional[str]) -> "AWQGateUpSiluMul":
+        """This module repacked for ``act_quant`` (self if it already is); ``awq_source`` is kept."""
+        if act_quant == self.act_quant:
+            return self
+        q, z, s = self.canonical()
+        new = type(self).from_canonical(q, z, s, self.canonical_bias(), group_size=self.group_size,
+                                        intermediate_size=self.out_features, act_quant=act_quant)
+        if hasattr(self, "awq_source"):
+            new.awq_source = self.awq_source
+        return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x: expected last dim {self.in_features} (in_features), got {x.shape[-1]}")
         lead = x.shape[:-1]
+        if self.act_quant == "int8":
+            y = torch.ops.awq.int4_mm_a8_silu_mul(x.reshape(-1, self.in_features), self.qweight, self.scales,
+                                                  self.zeros, self.comp, self.bias, self.group_size,
+                                                  self.out_features)
+            return y.reshape(*lead, self.out_features)
         y = torch.ops.awq.int4_mm_silu_mul(x.reshape(-1, self.in_features), self.qweight, self.scales, self.zeros,
                                            self.bias, self.group_size, self.out_features)
         return y.reshape(*lead, self.out_features)
 
     def canonical(self):
         """[gate ; up] (q uint8 [2I, K], zeros uint8 [2I, K/G], scales fp32 [2I, K/G])."""
+        if self.act_quant == "int8":
+            return packing.unpack_gate_up_from_int8_kernel(self.qweight, self.scales, self.zeros, self.out_features)
         return packing.unpack_gate_up_from_kernel(self.qweight, self.scales, self.zeros, self.out_features)
 
     def canonical_bias(self) -> Optional[torch.Tensor]:
@@ -246,4 +286,5 @@ class AWQGateUpSiluMul(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, intermediate_size={self.out_features}, "
-                f"group_size={self.group_size}, bias={self.bias is not None}, act=silu(gate)*up")
+                f"group_size={self.group_size}, bias={self.bias is not None}, act=silu(gate)*up"
+                + (f", act_quant={self.act_quant!r}" if self.act_quant else ""))

@@ -90,6 +90,7 @@ _ENTRIES = {
     "int4_mm": ("awq_int4_mm", "render_eager", "awq_int4_mm", 3),
     "int4_mm_silu_mul": ("awq_int4_mm_silu_mul", "render_eager", "awq_int4_mm", 3),
     "int4_mm_a8": ("awq_int4_mm_a8", "render_eager_a8", "awq_int4_mm_a8", 4),
+    "int4_mm_a8_silu_mul": ("awq_int4_mm_a8_silu_mul", "render_eager_a8", "awq_int4_mm_a8", 4),
 }
 _kernels: Dict[Tuple[str, str, torch.dtype, bool], Callable] = {}
 
@@ -129,7 +130,7 @@ def _get(op: str, x_dtype: torch.dtype, isa: Optional[str]) -> Callable:
         if k is not None:
             return k
         # the W4A16 AMX path runs for bf16 only; W4A8 uses AMX int8 tiles for any x dtype
-        if isa == "amx" and not emulate and (op == "int4_mm_a8" or x_dtype == torch.bfloat16):
+        if isa == "amx" and not emulate and (op.startswith("int4_mm_a8") or x_dtype == torch.bfloat16):
             _ensure_amx()
         fn = _load(op, isa, x_dtype, emulate)
         empty = torch.empty
@@ -165,3 +166,9 @@ def get_silu_mul_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Call
 def get_a8_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
     """``awq::int4_mm_a8``: ``(x, qweight, scales, zeros, comp, bias, group_size, out_features)``."""
     return _get("int4_mm_a8", x_dtype, isa)
+
+
+def get_a8_silu_mul_kernel(x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """``awq::int4_mm_a8_silu_mul`` (same translation unit as :func:`get_a8_kernel`): ``out_features``
+    is I, the W4A8 weight holds 2I interleaved gate|up columns."""
+    return _get("int4_mm_a8_silu_mul", x_dtype, isa)

@@ -219,3 +219,57 @@ def _int4_mm_a8_cpu(x, qweight, scales, zeros, comp, bias, group_size, out_featu
 
     kernel = native.get_a8_kernel(x.dtype)
     return kernel(x.contiguous(), qweight, scales, zeros, comp, bias, group_size, out_features)
+
+
+# ---- W4A8: awq::int4_mm_a8_silu_mul ------------------------------------------------------------
+#: awq::int4_mm_a8_silu_mul(x, qweight, scales, zeros, comp, bias, group_size, out_features) -> [M, I]
+#: The W4A8 twin of awq::int4_mm_silu_mul (schema of awq::int4_mm_a8): ``qweight``/``scales``/
+#: ``zeros``/``comp`` hold 2I columns in the W4A8 layout, gate and up in interleaved 32-column panels
+#: (:func:`packing.pack_gate_up_for_int8_kernel`); ``bias`` fp32 [2I] interleaved the same way, or
+#: None; ``out_features`` is I (a multiple of 32). x is quantized per token to int8 as in int4_mm_a8;
+#: returns silu(gate) * up computed from the fp32 accumulators, in x's dtype.
+torch.library.define("awq::int4_mm_a8_silu_mul", SCHEMA_A8)
+int4_mm_a8_silu_mul = torch.ops.awq.int4_mm_a8_silu_mul
+
+
+def check_int4_mm_a8_silu_mul_args(x, qweight, scales, zeros, comp, bias, group_size: int,
+                                   out_features: int) -> None:
+    """Like :func:`check_int4_mm_a8_args` for the fused gate|up weight of 2 * out_features columns."""
+    if out_features <= 0 or out_features % packing.BLOCK_N:
+        raise ValueError(f"out_features: expected a positive multiple of {packing.BLOCK_N} "
+                         f"(the intermediate size I), got {out_features}")
+    if qweight.dim() == 3 and qweight.shape[0] * packing.BLOCK_N != 2 * out_features:
+        raise ValueError(f"qweight: expected {2 * out_features // packing.BLOCK_N} panels (2 * I = "
+                         f"{2 * out_features} interleaved gate|up columns), got {list(qweight.shape)}")
+    check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size, 2 * out_features)
+
+
+@torch.library.register_fake("awq::int4_mm_a8_silu_mul")
+def _int4_mm_a8_silu_mul_fake(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+    from . import lowering  # see _int4_mm_fake
+
+    lowering.register()
+    check_int4_mm_a8_silu_mul_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
+    return x.new_empty((x.shape[0], out_features))
+
+
+def int4_mm_a8_silu_mul_reference(x, qweight, scales, zeros, comp, bias, group_size: int, out_features: int,
+                                  quantize_x: bool = False) -> torch.Tensor:
+    """fp32 oracle: :func:`int4_mm_a8_reference` over the 2I interleaved columns (in fp32), then
+    de-interleave, silu(gate) * up, cast once to x's dtype."""
+    I = out_features
+    y = int4_mm_a8_reference(x.to(torch.float32), qweight, scales, zeros, comp, bias, group_size, 2 * I,
+                             quantize_x=quantize_x)
+    y = packing.deinterleave_gate_up(y.t(), I).t()
+    return (torch.nn.functional.silu(y[:, :I]) * y[:, I:]).to(x.dtype)
+
+
+@torch.library.impl("awq::int4_mm_a8_silu_mul", "CPU")
+def _int4_mm_a8_silu_mul_cpu(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+    check_int4_mm_a8_silu_mul_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
+    if x.shape[0] == 0:
+        return x.new_empty((0, out_features))
+    from . import native
+
+    kernel = native.get_a8_silu_mul_kernel(x.dtype)
+    return kernel(x.contiguous(), qweight, scales, zeros, comp, bias, group_size, out_features)

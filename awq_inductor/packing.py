@@ -200,3 +200,23 @@ def unpack_gate_up_from_kernel(qweight: torch.Tensor, scales: torch.Tensor, zero
     q, z, s = unpack_from_kernel(qweight, scales, zeros, 2 * intermediate_size)
     I = intermediate_size
     return deinterleave_gate_up(q, I), deinterleave_gate_up(z, I), deinterleave_gate_up(s, I)
+
+
+def pack_gate_up_for_int8_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
+                                 intermediate_size: int):
+    """W4A8 twin of :func:`pack_gate_up_for_kernel` (``awq::int4_mm_a8_silu_mul``): canonical
+    [gate ; up] -> (qweight, scales_f32, zeros_u8, comp_i32) of :func:`pack_for_int8_kernel` with the
+    same 32-column gate/up panel interleave (``comp`` follows its columns). I % 32 == 0."""
+    _check_canonical(q, zeros, scales, group_size)
+    _check_gate_up(q.shape[0], intermediate_size, "q")
+    I = intermediate_size
+    return pack_for_int8_kernel(interleave_gate_up(q, I), interleave_gate_up(zeros, I),
+                                interleave_gate_up(scales, I), group_size)
+
+
+def unpack_gate_up_from_int8_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                                    intermediate_size: int):
+    """Inverse of :func:`pack_gate_up_for_int8_kernel`: -> canonical [gate ; up] (q, zeros, scales fp32)."""
+    q, z, s = unpack_from_int8_kernel(qweight, scales, zeros, 2 * intermediate_size)
+    I = intermediate_size
+    return deinterleave_gate_up(q, I), deinterleave_gate_up(z, I), deinterleave_gate_up(s, I)

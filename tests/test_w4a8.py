@@ -13,7 +13,7 @@ import torch
 
 from awq_inductor import codegen, config, native, packing
 from awq_inductor import ops as awq_ops
-from awq_inductor.modules import AWQLinear
+from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear
 
 HAS_AVX512 = codegen._hardware_isa() in ("avx512", "amx")
 ISAS = [pytest.param("avx512", marks=pytest.mark.skipif(not HAS_AVX512, reason="needs AVX512-VNNI/BF16")),
@@ -187,6 +187,9 @@ def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
         hf.patch_transformers()
     n8 = sum(isinstance(m, AWQLinear) and m.act_quant == "int8" for m in m8.modules())
     assert n8 >= cfg.num_hidden_layers * 3
+    # a fresh int8 load fuses the gated MLP into the W4A8 silu_mul op too
+    gu8 = m8.model.layers[0].mlp.gate_up_proj
+    assert isinstance(gu8, AWQGateUpSiluMul) and gu8.act_quant == "int8"
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, cfg.vocab_size, (1, 6), generator=g)
     kw = dict(max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0)
@@ -198,10 +201,144 @@ def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
     _FIGURES["e2e_tiny_llama_tokens_matching_of_16"] = same
     assert same >= 14
     # and convert() switches an already loaded W4A16 model to W4A8 (and back)
+    from awq_inductor import model_pass
     from awq_inductor.model_pass import convert
 
+    sd16 = model_pass.checkpoint_state_dict(m16)
+    q16 = m16.model.layers[0].mlp.gate_up_proj.qweight.clone()
     convert(m16, act_quant="int8")
-    assert all(m.act_quant == "int8" for m in m16.modules() if isinstance(m, AWQLinear))
-    # (an AWQGateUpSiluMul made by the W4A16 load stays W4A16: it has no W4A8 variant yet)
+    assert all(m.act_quant == "int8" for m in m16.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul)))
+    with torch.no_grad(), testing.Int4MMCounter() as c:
+        conv8 = m16.generate(prompt, **kw)[0, 6:]
+    assert c.count == 4 * cfg.num_hidden_layers * 16  # qkv, o, gate|up (+ silu*mul), down per layer/step
+    assert c.by_op["int4_mm_a8_silu_mul"] == cfg.num_hidden_layers * 16 and "int4_mm_silu_mul" not in c.by_op
+    assert int((conv8 == out16).sum()) >= 14
     with torch.no_grad():
         assert rel_err(m16(prompt).logits, m8(prompt).logits) < 0.03
+    # the checkpoint written from the W4A8 model is the original one
+    sd8 = model_pass.checkpoint_state_dict(m16)
+    assert sd8.keys() == sd16.keys() and all(torch.equal(sd8[k], sd16[k]) for k in sd16)
+    convert(m16)  # and back to W4A16
+    gu = m16.model.layers[0].mlp.gate_up_proj
+    assert gu.act_quant is None and torch.equal(gu.qweight, q16)
+
+
+# ---- awq::int4_mm_a8_silu_mul (W4A8 twin of awq::int4_mm_silu_mul) -----------------------------
+def packed_gate_up(K, I, G, seed=0, bias=True):
+    q, z, s, b = make_weights(K, 2 * I, G, seed, bias)
+    w = packing.pack_gate_up_for_int8_kernel(q, z, s, G, I)
+    return (*w, packing.interleave_gate_up(b, I) if bias else None, G, I), (q, z, s, b)
+
+
+def _silu_kernel(isa, dtype):
+    if isa == "amx_emulated":
+        with config.patch(amx_emulation=True):
+            return native.get_a8_silu_mul_kernel(dtype, "amx")
+    return native.get_a8_silu_mul_kernel(dtype, isa)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_silu_mul_op_vs_reference(isa, dtype):
+    k = _silu_kernel(isa, dtype)
+    g = torch.Generator().manual_seed(2)
+    for K, I, G in ((256, 96, 64), (128, 64, 32)):
+        w, (q, z, s, b) = packed_gate_up(K, I, G)
+        # the fp32 W4A16 oracle: silu(x @ Wg.T + bg) * (x @ Wu.T + bu) from the canonical weights
+        wf = (q.float() - z.float().repeat_interleave(G, 1)) * s.repeat_interleave(G, 1)
+        for M in (1, 5, 70):
+            x = (torch.randn(M, K, generator=g) * 2).to(dtype)
+            x[:, 3] = 7.0
+            got = k(x, *w)
+            assert got.dtype == dtype and got.shape == (M, I)
+            y = x.float() @ wf.t() + b
+            ref = torch.nn.functional.silu(y[:, :I]) * y[:, I:]
+            err = rel_err(got, ref)
+            _FIGURES[f"silu_mul/{isa}/{str(dtype)[6:]}/K{K}_I{I}_G{G}/M{M}"] = round(err, 5)
+            assert err <= 0.03, (isa, dtype, K, I, G, M, err)
+            if dtype == torch.float32:
+                exact = awq_ops.int4_mm_a8_silu_mul_reference(x, *w, quantize_x=True)
+                assert rel_err(got, exact) < 1e-5, (isa, K, I, G, M)
+    # eager op entry point, K-sliced M=1 path, zero row -> silu(bg) * bu exactly
+    w, _ = packed_gate_up(512, 64, 64, seed=3)
+    x = torch.randn(3, 512)
+    x[1] = 0
+    with config.patch(num_threads=4):
+        got = torch.ops.awq.int4_mm_a8_silu_mul(x, *w)
+    bg, bu = packing.deinterleave_gate_up(w[4], 64)[:64], packing.deinterleave_gate_up(w[4], 64)[64:]
+    torch.testing.assert_close(got[1], torch.nn.functional.silu(bg) * bu, atol=1e-6, rtol=1e-5)
+    assert rel_err(got, awq_ops.int4_mm_a8_silu_mul_reference(x, *w, quantize_x=True)) < 1e-5
+
+
+def test_silu_mul_packing_round_trip_and_opcheck():
+    w, (q, z, s, b) = packed_gate_up(128, 64, 32)
+    q2, z2, s2 = packing.unpack_gate_up_from_int8_kernel(w[0], w[1], w[2], 64)
+    assert torch.equal(q2, q) and torch.equal(z2, z) and torch.equal(s2, s)
+    # panel 1 (columns 32..63 of the interleaved weight) is up rows 0..31
+    assert torch.equal(packing.unpack_from_int8_kernel(w[0], w[1], w[2], 128)[0][32:64], q[64:96])
+    for M in (1, 6):
+        torch.library.opcheck(torch.ops.awq.int4_mm_a8_silu_mul.default,
+                              (torch.randn(M, 128, dtype=torch.bfloat16), *w))
+    torch.library.opcheck(torch.ops.awq.int4_mm_a8_silu_mul.default,
+                          (torch.randn(3, 128), *packed_gate_up(128, 64, 32, bias=False)[0]))
+
+
+def test_silu_mul_bad_inputs():
+    (qw, s, z, c, b, G, I), _ = packed_gate_up(128, 64, 32)
+    x = torch.randn(2, 128)
+    w16 = packing.pack_gate_up_for_kernel(*make_weights(128, 128, 32)[:3], 32, 64)
+    cases = [
+        ((x, qw, s, z, c, b, G, 48), r"out_features: expected a positive multiple of 32 .* got 48"),
+        ((x, qw, s, z, c, b, G, 32), r"qweight: expected 2 panels .* got \[4, 32, 64\]"),
+        ((x, w16[0], s, z, c, b, G, I), r"qweight: expected uint8 \[Np, K/4, 64\]"),
+        ((x, qw, s, z, c.float(), b, G, I), r"comp: expected int32 \[4, 128\], got torch.float32"),
+        ((x, qw, s, z, c, b[:64], G, I), r"bias: expected float32 \[128\]"),
+        ((x.to(torch.int32), qw, s, z, c, b, G, I), r"x: expected dtype"),
+    ]
+    for args, pat in cases:
+        with pytest.raises(ValueError, match=pat):
+            torch.ops.awq.int4_mm_a8_silu_mul(*args)
+
+
+def test_silu_mul_compiled_one_template_kernel():
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    counters.clear()
+    w, _ = packed_gate_up(256, 96, 64, seed=4)
+    f = torch.compile(lambda a, r: torch.ops.awq.int4_mm_a8_silu_mul(a, *w) + r, fullgraph=True)
+    x = torch.randn(7, 256, dtype=torch.bfloat16)
+    r = torch.randn(7, 96, dtype=torch.bfloat16)
+    out, codes = run_and_get_code(f, x, r)
+    code = "\n".join(codes)
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
+    assert code.count("async_compile.cpp_pybinding") == 1  # GEMM + silu*mul + residual: one kernel
+    assert "awq::int4_mm_a8_driver(" in code and "awq::silu_mul_tile(" in code
+    assert "awq::int4_mm_a8_silu_mul (W4A8" in code
+    if HAS_AVX512:
+        assert "_mm512_dpbusd_epi32" in code
+    assert "torch.ops.awq" not in code  # no extern call
+    ref = awq_ops.int4_mm_a8_silu_mul_reference(x, *w).float() + r.float()
+    assert rel_err(out, ref) < 0.03
+    torch._dynamo.reset()
+
+
+def test_silu_mul_module_act_quant_and_repack():
+    w, (q, z, s, b) = packed_gate_up(128, 64, 32, seed=5)
+    m16 = AWQGateUpSiluMul.from_canonical(q, z, s, b, group_size=32, intermediate_size=64)
+    m8 = m16.with_act_quant("int8")
+    assert m8.act_quant == "int8" and m8.comp.shape == (4, 128) and "act_quant='int8'" in repr(m8)
+    assert torch.equal(m8.qweight, w[0]) and torch.equal(m8.bias, w[4])
+    torch.testing.assert_close(m8.dequantize(), m16.dequantize(), atol=0, rtol=0)
+    torch.testing.assert_close(m8.canonical_bias(), b, atol=0, rtol=0)
+    x = torch.randn(2, 3, 128)
+    assert rel_err(m8(x), m16(x)) < 0.03
+    back = m8.with_act_quant(None)
+    assert back.act_quant is None and torch.equal(back.qweight, m16.qweight) and torch.equal(back.bias, m16.bias)
+    gate = AWQLinear.from_canonical(q[:64], z[:64], s[:64], b[:64], group_size=32, act_quant="int8")
+    up = AWQLinear.from_canonical(q[64:], z[64:], s[64:], b[64:], group_size=32)
+    f8 = AWQGateUpSiluMul.from_gate_up(gate, up, act_quant="int8")
+    assert torch.equal(f8.qweight, m8.qweight) and torch.equal(f8.comp, m8.comp)
+    with pytest.raises(ValueError, match="act_quant"):
+        AWQGateUpSiluMul(128, 64, 32, act_quant="fp8")
