@@ -218,6 +218,12 @@ def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
     # the checkpoint written from the W4A8 model is the original one
     sd8 = model_pass.checkpoint_state_dict(m16)
     assert sd8.keys() == sd16.keys() and all(torch.equal(sd8[k], sd16[k]) for k in sd16)
+    from safetensors.torch import load_file
+
+    m16.save_pretrained(str(tmp_path / "saved8"))
+    orig = load_file(os.path.join(path, "model.safetensors"))
+    saved = load_file(str(tmp_path / "saved8" / "model.safetensors"))
+    assert set(saved) == set(orig) and all(torch.equal(saved[k], v) for k, v in orig.items())
     convert(m16)  # and back to W4A16
     gu = m16.model.layers[0].mlp.gate_up_proj
     assert gu.act_quant is None and torch.equal(gu.qweight, q16)
