@@ -53,18 +53,6 @@ def check_int4_mm_args(x, qweight, scales, zeros, bias, group_size: int, out_fea
         raise ValueError(f"bias: expected float32 [{out_features}], got {bias.dtype} {list(bias.shape)}")
 
 
-@torch.library.register_fake("awq::int4_mm")
-def _int4_mm_fake(x, qweight, scales, zeros, bias, group_size, out_features):
-    # Tracing (torch.compile, export) is when a lowering can be needed next, and Inductor is being
-    # imported anyway: register ours here so a plain torch.compile(model) uses our template
-    # without the package import paying for torch._inductor. Idempotent, cheap after the first call.
-    from . import lowering
-
-    lowering.register()
-    check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, out_features)
-    return x.new_empty((x.shape[0], out_features))
-
-
 def int4_mm_reference(x, qweight, scales, zeros, bias, group_size: int, out_features: int) -> torch.Tensor:
     """Dequantize the whole weight and multiply in fp32: the test oracle, never the user path."""
     w = packing.dequantize_kernel_layout(qweight, scales, zeros, group_size, out_features)
@@ -72,17 +60,6 @@ def int4_mm_reference(x, qweight, scales, zeros, bias, group_size: int, out_feat
     if bias is not None:
         y = y + bias
     return y.to(x.dtype)
-
-
-@torch.library.impl("awq::int4_mm", "CPU")
-def _int4_mm_cpu(x, qweight, scales, zeros, bias, group_size, out_features):
-    check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, out_features)
-    if x.shape[0] == 0:
-        return x.new_empty((0, out_features))
-    from . import native  # compiled once per (ISA, dtype), cached on disk
-
-    kernel = native.get_kernel(x.dtype)
-    return kernel(x.contiguous(), qweight, scales, zeros, bias, group_size, out_features)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,15 +85,6 @@ def check_int4_mm_silu_mul_args(x, qweight, scales, zeros, bias, group_size: int
     check_int4_mm_args(x, qweight, scales, zeros, bias, group_size, 2 * out_features)
 
 
-@torch.library.register_fake("awq::int4_mm_silu_mul")
-def _int4_mm_silu_mul_fake(x, qweight, scales, zeros, bias, group_size, out_features):
-    from . import lowering  # see _int4_mm_fake
-
-    lowering.register()
-    check_int4_mm_silu_mul_args(x, qweight, scales, zeros, bias, group_size, out_features)
-    return x.new_empty((x.shape[0], out_features))
-
-
 def int4_mm_silu_mul_reference(x, qweight, scales, zeros, bias, group_size: int, out_features: int) -> torch.Tensor:
     """fp32 oracle: de-interleave the dequantized weight and bias, silu(gate) * up, cast once."""
     I = out_features
@@ -126,17 +94,6 @@ def int4_mm_silu_mul_reference(x, qweight, scales, zeros, bias, group_size: int,
     if bias is not None:
         y = y + packing.deinterleave_gate_up(bias, I)
     return (torch.nn.functional.silu(y[:, :I]) * y[:, I:]).to(x.dtype)
-
-
-@torch.library.impl("awq::int4_mm_silu_mul", "CPU")
-def _int4_mm_silu_mul_cpu(x, qweight, scales, zeros, bias, group_size, out_features):
-    check_int4_mm_silu_mul_args(x, qweight, scales, zeros, bias, group_size, out_features)
-    if x.shape[0] == 0:
-        return x.new_empty((0, out_features))
-    from . import native
-
-    kernel = native.get_silu_mul_kernel(x.dtype)
-    return kernel(x.contiguous(), qweight, scales, zeros, bias, group_size, out_features)
 
 
 # ---- W4A8: awq::int4_mm_a8 ---------------------------------------------------------------------
@@ -186,15 +143,6 @@ def check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size: int
         raise ValueError(f"bias: expected float32 [{out_features}], got {bias.dtype} {list(bias.shape)}")
 
 
-@torch.library.register_fake("awq::int4_mm_a8")
-def _int4_mm_a8_fake(x, qweight, scales, zeros, comp, bias, group_size, out_features):
-    from . import lowering
-
-    lowering.register()
-    check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
-    return x.new_empty((x.shape[0], out_features))
-
-
 def int4_mm_a8_reference(x, qweight, scales, zeros, comp, bias, group_size: int, out_features: int,
                          quantize_x: bool = False) -> torch.Tensor:
     """fp32 x @ ((q - z) * s).T (+ bias) from the W4A8 layout (test oracle). ``quantize_x``: apply
@@ -208,17 +156,6 @@ def int4_mm_a8_reference(x, qweight, scales, zeros, comp, bias, group_size: int,
     if bias is not None:
         y = y + bias
     return y.to(x.dtype)
-
-
-@torch.library.impl("awq::int4_mm_a8", "CPU")
-def _int4_mm_a8_cpu(x, qweight, scales, zeros, comp, bias, group_size, out_features):
-    check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
-    if x.shape[0] == 0:
-        return x.new_empty((0, out_features))
-    from . import native
-
-    kernel = native.get_a8_kernel(x.dtype)
-    return kernel(x.contiguous(), qweight, scales, zeros, comp, bias, group_size, out_features)
 
 
 # ---- W4A8: awq::int4_mm_a8_silu_mul ------------------------------------------------------------
@@ -244,15 +181,6 @@ def check_int4_mm_a8_silu_mul_args(x, qweight, scales, zeros, comp, bias, group_
     check_int4_mm_a8_args(x, qweight, scales, zeros, comp, bias, group_size, 2 * out_features)
 
 
-@torch.library.register_fake("awq::int4_mm_a8_silu_mul")
-def _int4_mm_a8_silu_mul_fake(x, qweight, scales, zeros, comp, bias, group_size, out_features):
-    from . import lowering  # see _int4_mm_fake
-
-    lowering.register()
-    check_int4_mm_a8_silu_mul_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
-    return x.new_empty((x.shape[0], out_features))
-
-
 def int4_mm_a8_silu_mul_reference(x, qweight, scales, zeros, comp, bias, group_size: int, out_features: int,
                                   quantize_x: bool = False) -> torch.Tensor:
     """fp32 oracle: :func:`int4_mm_a8_reference` over the 2I interleaved columns (in fp32), then
@@ -264,12 +192,35 @@ def int4_mm_a8_silu_mul_reference(x, qweight, scales, zeros, comp, bias, group_s
     return (torch.nn.functional.silu(y[:, :I]) * y[:, I:]).to(x.dtype)
 
 
-@torch.library.impl("awq::int4_mm_a8_silu_mul", "CPU")
-def _int4_mm_a8_silu_mul_cpu(x, qweight, scales, zeros, comp, bias, group_size, out_features):
-    check_int4_mm_a8_silu_mul_args(x, qweight, scales, zeros, comp, bias, group_size, out_features)
-    if x.shape[0] == 0:
-        return x.new_empty((0, out_features))
-    from . import native
+# ---- fake (meta) and CPU impls of the four ops -----------------------------------------------
+def _register(op: str, check, kernel_getter: str) -> None:
+    """Fake impl (shape [M, out_features], symbolic M welcome) and CPU eager impl (the native kernel
+    built from the same templates as the lowering) of ``awq::<op>``; ``check`` validates the
+    arguments with ValueErrors naming tensor, expected and actual value."""
 
-    kernel = native.get_a8_silu_mul_kernel(x.dtype)
-    return kernel(x.contiguous(), qweight, scales, zeros, comp, bias, group_size, out_features)
+    def fake(x, *args):
+        # Tracing (torch.compile, export) is when a lowering can be needed next, and Inductor is
+        # being imported anyway: register ours here so a plain torch.compile(model) uses our
+        # template without the package import paying for torch._inductor. Idempotent.
+        from . import lowering
+
+        lowering.register()
+        check(x, *args)
+        return x.new_empty((x.shape[0], args[-1]))
+
+    def cpu(x, *args):
+        check(x, *args)
+        if x.shape[0] == 0:
+            return x.new_empty((0, args[-1]))
+        from . import native  # compiled once per (op, ISA, dtype), cached on disk
+
+        return getattr(native, kernel_getter)(x.dtype)(x.contiguous(), *args)
+
+    torch.library.register_fake(f"awq::{op}", fake)
+    torch.library.impl(f"awq::{op}", "CPU", cpu)
+
+
+_register("int4_mm", check_int4_mm_args, "get_kernel")
+_register("int4_mm_silu_mul", check_int4_mm_silu_mul_args, "get_silu_mul_kernel")
+_register("int4_mm_a8", check_int4_mm_a8_args, "get_a8_kernel")
+_register("int4_mm_a8_silu_mul", check_int4_mm_a8_silu_mul_args, "get_a8_silu_mul_kernel")
