@@ -19,6 +19,35 @@ from . import ops as _ops  # noqa: F401  (defines torch.ops.awq.int4_mm)
 ACT_QUANT_CHOICES = (None, "int8")
 
 
+
+def _init_int4_module(mod: nn.Module, in_features: int, group_size: int, act_quant: Optional[str],
+                      npad: int, bias_len: Optional[int]) -> int:
+    """Validate ``group_size``/``act_quant`` and register the packed buffers of a module holding
+    ``npad`` (a multiple of 32) weight columns: qweight, scales, zeros (+ comp for W4A8) and an fp32
+    bias of ``bias_len`` (None: no bias). Returns the resolved group size."""
+    group_size = formats.resolve_group_size(group_size, in_features)
+    if group_size % 2:
+        raise ValueError(f"group_size: expected an even group size, got {group_size}")
+    if act_quant not in ACT_QUANT_CHOICES:
+        raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
+    if act_quant == "int8" and (group_size % packing.A8_KSTEP or in_features % packing.A8_KSTEP):
+        raise ValueError(f"group_size: act_quant='int8' needs a multiple of {packing.A8_KSTEP}, "
+                         f"got {group_size} (in_features={in_features})")
+    np_, ng = npad // packing.BLOCK_N, in_features // group_size
+    if act_quant == "int8":
+        mod.register_buffer("qweight", torch.zeros(np_, in_features // 4, 2 * packing.BLOCK_N, dtype=torch.uint8))
+        mod.register_buffer("comp", torch.zeros(ng, npad, dtype=torch.int32))
+    else:
+        mod.register_buffer("qweight", torch.zeros(np_, in_features // 2, packing.BLOCK_N, dtype=torch.uint8))
+    mod.register_buffer("scales", torch.zeros(ng, npad, dtype=torch.float32))
+    mod.register_buffer("zeros", torch.zeros(ng, npad, dtype=torch.uint8))
+    if bias_len is not None:
+        mod.register_buffer("bias", torch.zeros(bias_len, dtype=torch.float32))
+    else:
+        mod.bias = None
+    return group_size
+
+
 class AWQLinear(nn.Module):
     """y = x @ W.T + bias with W = (q - z) * s stored as int4 in the kernel layout.
 
@@ -33,33 +62,12 @@ class AWQLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool = False,
                  act_quant: Optional[str] = None):
         super().__init__()
-        group_size = formats.resolve_group_size(group_size, in_features)
-        if group_size % 2:
-            raise ValueError(f"group_size: expected an even group size, got {group_size}")
-        if act_quant not in ACT_QUANT_CHOICES:
-            raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
-        if act_quant == "int8" and (group_size % packing.A8_KSTEP or in_features % packing.A8_KSTEP):
-            raise ValueError(f"group_size: act_quant='int8' needs a multiple of {packing.A8_KSTEP}, "
-                             f"got {group_size} (in_features={in_features})")
         self.in_features = in_features
         self.out_features = out_features
-        self.group_size = group_size
         self.act_quant = act_quant
-        np_ = -(-out_features // packing.BLOCK_N)
-        npad = np_ * packing.BLOCK_N
-        ng = in_features // group_size
-        if act_quant == "int8":
-            self.register_buffer("qweight", torch.zeros(np_, in_features // 4, 2 * packing.BLOCK_N,
-                                                        dtype=torch.uint8))
-            self.register_buffer("comp", torch.zeros(ng, npad, dtype=torch.int32))
-        else:
-            self.register_buffer("qweight", torch.zeros(np_, in_features // 2, packing.BLOCK_N, dtype=torch.uint8))
-        self.register_buffer("scales", torch.zeros(ng, npad, dtype=torch.float32))
-        self.register_buffer("zeros", torch.zeros(ng, npad, dtype=torch.uint8))
-        if bias:
-            self.register_buffer("bias", torch.zeros(out_features, dtype=torch.float32))
-        else:
-            self.bias = None
+        npad = -(-out_features // packing.BLOCK_N) * packing.BLOCK_N
+        self.group_size = _init_int4_module(self, in_features, group_size, act_quant, npad,
+                                            out_features if bias else None)
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
@@ -165,37 +173,17 @@ class AWQGateUpSiluMul(nn.Module):
     def __init__(self, in_features: int, intermediate_size: int, group_size: int, bias: bool = False,
                  act_quant: Optional[str] = None):
         super().__init__()
-        group_size = formats.resolve_group_size(group_size, in_features)
-        if group_size % 2:
-            raise ValueError(f"group_size: expected an even group size, got {group_size}")
         if intermediate_size <= 0 or intermediate_size % packing.BLOCK_N:
             raise ValueError(f"intermediate_size: expected a positive multiple of {packing.BLOCK_N}, "
                              f"got {intermediate_size}")
-        if act_quant not in ACT_QUANT_CHOICES:
-            raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
-        if act_quant == "int8" and (group_size % packing.A8_KSTEP or in_features % packing.A8_KSTEP):
-            raise ValueError(f"group_size: act_quant='int8' needs a multiple of {packing.A8_KSTEP}, "
-                             f"got {group_size} (in_features={in_features})")
         self.in_features = in_features
         self.out_features = intermediate_size
         self.gate_up_features = 2 * intermediate_size
-        self.group_size = group_size
         self.act_quant = act_quant
+        # gate and up panels interleaved: 2I columns, bias interleaved the same way
         npad = 2 * intermediate_size
-        ng = in_features // group_size
-        if act_quant == "int8":
-            self.register_buffer("qweight", torch.zeros(npad // packing.BLOCK_N, in_features // 4,
-                                                        2 * packing.BLOCK_N, dtype=torch.uint8))
-            self.register_buffer("comp", torch.zeros(ng, npad, dtype=torch.int32))
-        else:
-            self.register_buffer("qweight", torch.zeros(npad // packing.BLOCK_N, in_features // 2,
-                                                        packing.BLOCK_N, dtype=torch.uint8))
-        self.register_buffer("scales", torch.zeros(ng, npad, dtype=torch.float32))
-        self.register_buffer("zeros", torch.zeros(ng, npad, dtype=torch.uint8))
-        if bias:
-            self.register_buffer("bias", torch.zeros(npad, dtype=torch.float32))
-        else:
-            self.bias = None
+        self.group_size = _init_int4_module(self, in_features, group_size, act_quant, npad,
+                                            npad if bias else None)
 
     @classmethod
     def from_canonical(cls, q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
@@ -279,10 +267,7 @@ class AWQGateUpSiluMul(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """The fp32 [2I, K] weight [Wg ; Wu]."""
-        q, z, s = self.canonical()
-        zk = z.repeat_interleave(self.group_size, dim=1).to(torch.float32)
-        sk = s.repeat_interleave(self.group_size, dim=1).to(torch.float32)
-        return (q.to(torch.float32) - zk) * sk
+        return packing.dequantize_canonical(*self.canonical(), self.group_size)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, intermediate_size={self.out_features}, "

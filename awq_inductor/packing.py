@@ -77,12 +77,17 @@ def unpack_from_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch
     return q[:n].contiguous(), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
 
 
+def dequantize_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """fp32 W [N, K] = (q - z) * s of a canonical triple (references, baselines and tests)."""
+    zk = zeros.to(torch.float32).repeat_interleave(group_size, dim=1)
+    sk = scales.to(torch.float32).repeat_interleave(group_size, dim=1)
+    return (q.to(torch.float32) - zk) * sk
+
+
 def dequantize_kernel_layout(qweight, scales, zeros, group_size: int, out_features: int) -> torch.Tensor:
     """fp32 W [N, K] from the kernel layout (reference and tests only)."""
     q, z, s = unpack_from_kernel(qweight, scales, zeros, out_features)
-    zk = z.repeat_interleave(group_size, dim=1).to(torch.float32)
-    sk = s.repeat_interleave(group_size, dim=1).to(torch.float32)
-    return (q.to(torch.float32) - zk) * sk
+    return dequantize_canonical(q, z, s, group_size)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,9 +155,7 @@ def unpack_from_int8_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 def dequantize_int8_kernel_layout(qweight, scales, zeros, group_size: int, out_features: int) -> torch.Tensor:
     """fp32 W [N, K] from the W4A8 layout (reference and tests only)."""
     q, z, s = unpack_from_int8_kernel(qweight, scales, zeros, out_features)
-    zk = z.repeat_interleave(group_size, dim=1).to(torch.float32)
-    sk = s.repeat_interleave(group_size, dim=1).to(torch.float32)
-    return (q.to(torch.float32) - zk) * sk
+    return dequantize_canonical(q, z, s, group_size)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 from torch import nn
 
-from . import formats
+from . import formats, packing
 
 ARCHS = ("llama", "qwen2", "mistral", "phi3")
 
@@ -38,10 +38,7 @@ def quantize_weight(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype 
 
 def dequantize(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """fp32 [N, K] weight of a canonical triple."""
-    G = formats.resolve_group_size(group_size, q.shape[1])
-    zk = zeros.to(torch.float32).repeat_interleave(G, 1)
-    sk = scales.to(torch.float32).repeat_interleave(G, 1)
-    return (q.to(torch.float32) - zk) * sk
+    return packing.dequantize_canonical(q, zeros, scales, formats.resolve_group_size(group_size, q.shape[1]))
 
 
 def tiny_config(arch: str = "llama", **overrides):
