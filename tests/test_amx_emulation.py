@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
 from awq_inductor import config as awq_config
-from awq_inductor import lowering, ops, packing
+from awq_inductor import ops, packing
 
 pytestmark = pytest.mark.skipif(
     not (torch.cpu._is_avx512_supported() and torch.cpu._is_avx512_bf16_supported()),
@@ -18,13 +17,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def _clean():
-    assert lowering.register()
-    torch._dynamo.reset()
-    counters.clear()
-    with iconfig.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+def _clean(inductor_clean):
+    yield
 
 
 def _weights(N, K, G, seed):

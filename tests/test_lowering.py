@@ -68,13 +68,8 @@ def kernel_code(codes):
 
 
 @pytest.fixture(autouse=True)
-def _clean():
-    assert lowering.register()
-    torch._dynamo.reset()
-    counters.clear()
-    with iconfig.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+def _clean(inductor_clean):
+    yield
 
 
 # ------------------------------------------------------------------------------------- shapes

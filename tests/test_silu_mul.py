@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
 from awq_inductor import config as awq_config
-from awq_inductor import lowering, ops, packing, testing
+from awq_inductor import ops, packing, testing
 from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear
 
 AVX512_OK = bool(torch.cpu._is_avx512_supported() and torch.cpu._is_avx512_bf16_supported())
@@ -86,13 +85,8 @@ def test_packing_round_trip():
 
 # ------------------------------------------------------------------------------------- compiled
 @pytest.fixture
-def clean():
-    assert lowering.register()
-    torch._dynamo.reset()
-    counters.clear()
-    with iconfig.patch(force_disable_caches=True):
-        yield
-    torch._dynamo.reset()
+def clean(inductor_clean):
+    yield
 
 
 @pytest.mark.parametrize("isa", ISAS)
