@@ -303,22 +303,25 @@ def _build():
             return "M == 0"
         return None
 
-    def lowering(x, qweight, scales, zeros, bias, group_size, out_features, *, op=OP, silu_mul=False):
-        why = use_template(x, qweight, scales, zeros, bias, group_size, out_features)
+    def lower(op, x, weights, bias, group_size, out_features, *, a8=False, silu_mul=False):
+        """One template for the four ops: ``weights`` is [qweight, scales, zeros] (+ [comp] for W4A8);
+        the extern call where the template does not apply (symbolic K/weights, M == 0, ...)."""
+        why = use_template(x, *weights[:3], bias, group_size, out_features)
+        if why is None and a8 and not _is_static(weights[3]):
+            why = f"symbolic comp shape {list(weights[3].get_size())}"
         if why is not None:
             log.debug("%s: extern fallback (%s)", op, why)
-            return L.fallback_handler(op, add_to_fallback_set=False)(
-                x, qweight, scales, zeros, bias, group_size, out_features)
-        tensors = [x, qweight, scales, zeros] + ([bias] if bias is not None else [])
+            return L.fallback_handler(op, add_to_fallback_set=False)(x, *weights, bias, group_size, out_features)
+        tensors = [x, *weights] + ([bias] if bias is not None else [])
         tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
         x_ = tensors[0]
         layout = ir.FixedLayout(x_.get_device(), x_.get_dtype(), [x_.get_size()[0], sympy.Integer(out_features)])
         threads = awq_config.num_threads or parallel_num_threads()
         isa = choose_isa()
         tmpl = AwqInt4MMTemplate(tensors, layout, threads, group_size=int(group_size),
-                                 out_features=int(out_features), has_bias=bias is not None, isa=isa,
+                                 out_features=int(out_features), has_bias=bias is not None, isa=isa, a8=a8,
                                  silu_mul=silu_mul)
-        log.debug("awq::int4_mm: template isa=%s N=%s K=%s G=%s", isa, out_features, x_.get_size()[1], group_size)
+        log.debug("%s: template isa=%s N=%s K=%s G=%s", op, isa, out_features, x_.get_size()[1], group_size)
         return tmpl.generate().output_node()
 
     class AwqCachePass(CustomGraphPass):
@@ -331,41 +334,24 @@ def _build():
             return sources_hash()
 
     OP_SILU_MUL = torch.ops.awq.int4_mm_silu_mul.default
+    OP_A8 = torch.ops.awq.int4_mm_a8.default
+    OP_A8_SILU_MUL = torch.ops.awq.int4_mm_a8_silu_mul.default
+
+    def lowering(x, qweight, scales, zeros, bias, group_size, out_features):
+        return lower(OP, x, [qweight, scales, zeros], bias, group_size, out_features)
 
     def lowering_silu_mul(x, qweight, scales, zeros, bias, group_size, out_features):
         """awq::int4_mm_silu_mul: the same template, SiLU(gate) * up computed in the store lambda."""
-        return lowering(x, qweight, scales, zeros, bias, group_size, out_features, op=OP_SILU_MUL, silu_mul=True)
+        return lower(OP_SILU_MUL, x, [qweight, scales, zeros], bias, group_size, out_features, silu_mul=True)
 
-    OP_A8 = torch.ops.awq.int4_mm_a8.default
-
-    def lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features, *, op=OP_A8,
-                    silu_mul=False):
-        """awq::int4_mm_a8 (W4A8): the same CppTemplate machinery, W4A8 driver and outer template."""
-        why = use_template(x, qweight, scales, zeros, bias, group_size, out_features)
-        if why is None and not _is_static(comp):
-            why = f"symbolic comp shape {list(comp.get_size())}"
-        if why is not None:
-            log.debug("%s: extern fallback (%s)", op, why)
-            return L.fallback_handler(op, add_to_fallback_set=False)(
-                x, qweight, scales, zeros, comp, bias, group_size, out_features)
-        tensors = [x, qweight, scales, zeros, comp] + ([bias] if bias is not None else [])
-        tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
-        x_ = tensors[0]
-        layout = ir.FixedLayout(x_.get_device(), x_.get_dtype(), [x_.get_size()[0], sympy.Integer(out_features)])
-        threads = awq_config.num_threads or parallel_num_threads()
-        isa = choose_isa()
-        tmpl = AwqInt4MMTemplate(tensors, layout, threads, group_size=int(group_size),
-                                 out_features=int(out_features), has_bias=bias is not None, isa=isa, a8=True,
-                                 silu_mul=silu_mul)
-        log.debug("%s: template isa=%s N=%s K=%s G=%s", op, isa, out_features, x_.get_size()[1], group_size)
-        return tmpl.generate().output_node()
-
-    OP_A8_SILU_MUL = torch.ops.awq.int4_mm_a8_silu_mul.default
+    def lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features):
+        """awq::int4_mm_a8 (W4A8): the W4A8 driver and outer template."""
+        return lower(OP_A8, x, [qweight, scales, zeros, comp], bias, group_size, out_features, a8=True)
 
     def lowering_a8_silu_mul(x, qweight, scales, zeros, comp, bias, group_size, out_features):
         """awq::int4_mm_a8_silu_mul: the W4A8 template, SiLU(gate) * up computed in the store lambda."""
-        return lowering_a8(x, qweight, scales, zeros, comp, bias, group_size, out_features, op=OP_A8_SILU_MUL,
-                           silu_mul=True)
+        return lower(OP_A8_SILU_MUL, x, [qweight, scales, zeros, comp], bias, group_size, out_features,
+                     a8=True, silu_mul=True)
 
     def install():
         L.register_lowering(OP, type_promotion_kind=None)(lowering)
