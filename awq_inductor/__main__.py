@@ -21,13 +21,6 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _bar(done: int, total: int, what: str, width: int = 30) -> None:
-    n = int(width * done / max(total, 1))
-    end = "\n" if done >= total else ""
-    sys.stdout.write(f"\r  {what} [{'#' * n}{'.' * (width - n)}] {done}/{total}{end}")
-    sys.stdout.flush()
-
-
 def default_model_dir(cache_dir: str, group_size: int) -> str:
     import torch
     from . import testing
@@ -41,8 +34,7 @@ def default_model_dir(cache_dir: str, group_size: int) -> str:
     cfg = testing.tiny_config("llama", **DEFAULT_SHAPE)
     model = testing.build_float_model(cfg, seed=0, dtype=torch.float32)
     tmp = path + ".tmp"
-    ref = testing.save_quantized(model, tmp, format="gemm", group_size=group_size,
-                                 progress=lambda d, t, n: _bar(d, t, "quantizing"))
+    ref = testing.save_quantized(model, tmp, format="gemm", group_size=group_size)
     from safetensors.torch import save_file
 
     # the dense baseline: the dequantized weights in bf16, so all three paths compute the same model
@@ -134,7 +126,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from . import hf, model_pass
+    from .integrations.transformers import patch_transformers
+    from .transform import count_int4_linears
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -143,23 +136,13 @@ def main(argv=None) -> int:
          f"{torch.get_num_threads()} threads, activations {dtype}")
 
     path = args.model or default_model_dir(args.cache_dir, args.group_size)
-    hf.patch_transformers()
+    patch_transformers()
 
     _log("Loading and converting (int4 linears -> AWQLinear, q/k/v and gate/up fusion)...")
     t0 = time.perf_counter()
-    orig_convert = model_pass.convert
-
-    def convert_with_progress(model, act_quant=None, **kw):
-        kw.setdefault("progress", lambda d, t, n: _bar(d, t, "converting"))
-        return orig_convert(model, act_quant, **kw)
-
-    model_pass.convert = convert_with_progress
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    finally:
-        model_pass.convert = orig_convert
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # tqdm bars on a terminal
     model.eval()
-    n_int4 = model_pass.count_int4_linears(model)
+    n_int4 = count_int4_linears(model)
     _log(f"  loaded {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {n_int4} int4 linears "
          f"({n_int4 / max(model.config.num_hidden_layers, 1):.0f} per layer)")
 
@@ -169,7 +152,7 @@ def main(argv=None) -> int:
     results = {}
     if not args.no_compile:
         try:
-            from .backend import awq_inductor_backend as backend
+            from .inductor.backend import awq_inductor_backend as backend
             bname = "awq_inductor"
         except ImportError:
             backend, bname = "inductor", "inductor"

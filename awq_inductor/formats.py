@@ -27,7 +27,7 @@ Implementation notes (why the code looks the way it does):
 from __future__ import annotations
 
 import sys
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -38,8 +38,10 @@ __all__ = [
     "AWQ_FORMATS",
     "AWQ_ORDER",
     "AWQ_REVERSE_ORDER",
+    "FORMATS",
     "GPTQ_FORMATS",
     "calculate_zeros_width",
+    "checkpoint_shapes",
     "infer_shape",
     "pack_awq",
     "pack_gemm",
@@ -328,10 +330,10 @@ def pack_gemv_fast(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g
 
 # --------------------------------------------------------------------------- GPTQ
 
-def _check_gptq_format(checkpoint_format: str) -> str:
-    fmt = str(checkpoint_format).lower()
+def _check_gptq_format(format: str) -> str:
+    fmt = str(format).lower()
     if fmt not in GPTQ_FORMATS:
-        raise ValueError(f"checkpoint_format: expected one of {GPTQ_FORMATS}, got {checkpoint_format!r}")
+        raise ValueError(f"format: expected one of {GPTQ_FORMATS}, got {format!r}")
     return fmt
 
 
@@ -351,14 +353,14 @@ def _check_g_idx(g_idx: Optional[torch.Tensor], K: int, G: int) -> None:
 
 
 def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int,
-                checkpoint_format: str = "gptq", g_idx: Optional[torch.Tensor] = None):
+                format: str = "gptq", g_idx: Optional[torch.Tensor] = None):
     """GPTQ (qweight int32 [K/8, N], qzeros int32 [K/G, N/8], scales [K/G, N]) -> canonical.
 
     "gptq" (v1) stores z - 1 per nibble; we read z = (stored + 1) & 0xF, the inverse of the
     wrapping (z - 1) & 0xF that packers produce for z = 0 (GPTQ v1 kernels would read that
     nibble as z = 16, which is why v1 "cannot represent z = 0"). "gptq_v2" stores z.
     """
-    fmt = _check_gptq_format(checkpoint_format)
+    fmt = _check_gptq_format(format)
     _check("qweight", qweight, torch.int32, None)
     K, N = qweight.shape[0] * 8, qweight.shape[1]
     G = resolve_group_size(group_size, K)
@@ -377,12 +379,12 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
 
 
 def pack_gptq(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
-              checkpoint_format: str = "gptq"):
+              format: str = "gptq"):
     """Canonical -> GPTQ (qweight int32 [K/8, N], qzeros int32 [K/G, N/8], scales [K/G, N]).
 
     The matching g_idx for desc_act=False is ``torch.arange(K) // G``.
     """
-    fmt = _check_gptq_format(checkpoint_format)
+    fmt = _check_gptq_format(format)
     N, K, G = _check_canonical(q, zeros, scales, group_size)
     _check_divisible("in_features", K, 8, "GPTQ packs 8 input channels per int32")
     _check_divisible("out_features", N, 8, "GPTQ qzeros pack 8 output columns per int32")
@@ -436,3 +438,31 @@ def infer_shape(qweight: torch.Tensor, format: str) -> Tuple[int, int]:
     if fmt == "gemv_fast":
         return c, r * GEMV_FAST_INTERLEAVE
     return r * 8, c  # gptq
+
+
+# --------------------------------------------------------------------------- checkpoint shapes
+
+FORMATS = AWQ_FORMATS + GPTQ_FORMATS
+
+
+def checkpoint_shapes(format: str, in_features: int, out_features: int,
+                      group_size: int) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
+    """Expected (shape, dtype) of each tensor of one int4 linear in checkpoint ``format``.
+    NotImplementedError for a group size the format cannot store (GEMV zeros width)."""
+    K, N = in_features, out_features
+    G = resolve_group_size(group_size, K)
+    ng = K // G
+    if format in ("gemm",) + GPTQ_FORMATS:
+        qweight = ((K, N // 8), torch.int32) if format == "gemm" else ((K // 8, N), torch.int32)
+        return {"qweight": qweight, "qzeros": ((ng, N // 8), torch.int32), "scales": ((ng, N), torch.float16)}
+    if format not in AWQ_FORMATS:
+        raise ValueError(f"format: expected one of {FORMATS}, got {format!r}")
+    try:
+        zw = calculate_zeros_width(K, G)
+    except ValueError as e:
+        raise NotImplementedError(str(e)) from e
+    if format == "gemv":
+        return {"qweight": ((N, K // 8), torch.int32), "qzeros": ((N, zw), torch.int32),
+                "scales": ((N, zw * 8), torch.float16)}
+    return {"qweight": ((N // 4, K), torch.int16), "qzeros": ((zw * 8, N), torch.float16),
+            "scales": ((zw * 8, N), torch.float16)}

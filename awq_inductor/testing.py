@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import formats, packing
+from .progress import track
 
 ARCHS = ("llama", "qwen2", "mistral", "phi3")
 
@@ -97,8 +98,9 @@ def quantization_config(quant_method: str, format: str, group_size: int,
 
 def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", format: str = "gemm",
                            group_size: int = 32, modules_to_not_convert: Optional[list] = None,
-                           scales_dtype: torch.dtype = torch.float16, progress=None):
-    """(checkpoint state dict, reference float model). See module doc."""
+                           scales_dtype: torch.dtype = torch.float16, progress: Optional[bool] = None):
+    """(checkpoint state dict, reference float model). See module doc. ``progress``: a tqdm bar
+    (None: on a terminal only)."""
     skip = list(modules_to_not_convert or [])
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ref = copy.deepcopy(model)
@@ -106,11 +108,11 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
     quantized = set()
     linears = [(n, m) for n, m in model.named_modules()
                if isinstance(m, nn.Linear) and m is not out_emb and _should_quantize(n, skip)]
-    for i, (name, m) in enumerate(linears):
+    for name, m in track(linears, "quantizing", progress):
         q, z, s = quantize_weight(m.weight, group_size, scales_dtype)
         G = formats.resolve_group_size(group_size, m.in_features)
         if quant_method == "gptq":
-            qw, qz, sc = formats.pack_gptq(q, z, s, G, checkpoint_format=format)
+            qw, qz, sc = formats.pack_gptq(q, z, s, G, format=format)
             sd[f"{name}.g_idx"] = torch.arange(m.in_features, dtype=torch.int32) // G
         else:
             qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
@@ -123,8 +125,6 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
             if r.bias is not None:
                 r.bias.copy_(m.bias.detach().to(scales_dtype).to(r.bias.dtype))
         quantized.add(name)
-        if progress is not None:
-            progress(i + 1, len(linears), name)
     for k, v in model.state_dict().items():
         mod = k.rpartition(".")[0]
         if mod in quantized:
@@ -136,7 +136,7 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
 def save_quantized(model: nn.Module, path: str, *, quant_method: str = "awq", format: str = "gemm",
                    group_size: int = 32, modules_to_not_convert: Optional[list] = None,
                    scales_dtype: torch.dtype = torch.float16, extra_tensors: Optional[Dict[str, torch.Tensor]] = None,
-                   progress=None):
+                   progress: Optional[bool] = None):
     """Quantize ``model`` into a real AWQ/GPTQ checkpoint folder at ``path``; return the
     dequantized float reference model. ``extra_tensors`` are added verbatim (error tests)."""
     from safetensors.torch import save_file

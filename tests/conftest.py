@@ -18,9 +18,9 @@ def inductor_clean():
     import torch._inductor.config as iconfig
     from torch._dynamo.utils import counters
 
-    from awq_inductor import lowering
+    from awq_inductor import inductor
 
-    assert lowering.register()
+    assert inductor.register()
     torch._dynamo.reset()
     counters.clear()
     with iconfig.patch(force_disable_caches=True):

@@ -24,7 +24,7 @@ import torch
 from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
-from awq_inductor import lowering
+from awq_inductor import inductor
 
 AMX_RUNS = bool(torch.cpu._is_amx_tile_supported())
 
@@ -128,7 +128,7 @@ class GoldenTestCase(expecttest.TestCase):
     before and after."""
 
     def setUp(self):
-        assert lowering.register()
+        assert inductor.register()
         torch._dynamo.reset()
         self.addCleanup(torch._dynamo.reset)
         self.enterContext(pinned_inductor())

@@ -12,7 +12,8 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
-from awq_inductor import lowering, packing
+from awq_inductor import inductor, packing
+from awq_inductor.inductor import lowering
 
 _seed = [99]
 
@@ -28,9 +29,9 @@ def weights(N=64, K=128, G=32):
 
 
 def ref(x, w):
-    from awq_inductor.ops import int4_mm_reference
+    from awq_inductor import ops
 
-    return int4_mm_reference(x, *w)
+    return ops.reference("int4_mm", x, *w)
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +43,7 @@ def _clean():
 
 
 def test_backend_by_name_uses_template():
-    import awq_inductor.backend  # noqa: F401
+    import awq_inductor.inductor.backend  # noqa: F401
 
     w = weights()
     x = torch.randn(5, 128)
@@ -56,7 +57,7 @@ def test_backend_by_name_uses_template():
 
 
 def test_backend_config_patches():
-    from awq_inductor.backend import backend_config_patches
+    from awq_inductor.inductor.backend import backend_config_patches
 
     p = backend_config_patches({"cpp.threads": 3})
     assert p["freezing"] is False and p["cpp.threads"] == 3
@@ -69,7 +70,7 @@ def test_backend_config_patches():
 def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):
     """Editing a template changes the pass uuid, hence the FX graph cache key: a cached graph is
     hit without edits and missed (new kernel compiled) after one."""
-    import awq_inductor.backend as backend
+    import awq_inductor.inductor.backend as backend
 
     before = lowering.cache_pass().uuid()
     assert before == lowering.cache_pass().uuid()
@@ -97,9 +98,9 @@ def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):
     assert counters["inductor"]["fxgraph_cache_hit"] == 1
 
     # "Edit a template": the rendered header changes and so does codegen.templates_hash().
-    cg = lowering._codegen()
+    cg = lowering.codegen
     orig_render = cg.render_header
-    monkeypatch.setattr(cg, "render_header", lambda isa, dt: "// edited-template\n" + orig_render(isa, dt))
+    monkeypatch.setattr(cg, "render_header", lambda *a: "// edited-template\n" + orig_render(*a))
     monkeypatch.setattr(cg, "templates_hash", lambda: "edited-template")
     after = lowering.cache_pass().uuid()
     assert after != before
@@ -111,8 +112,10 @@ def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):
 def test_sources_hash_covers_j2_files(monkeypatch, tmp_path):
     tdir = tmp_path / "csrc_templates"
     tdir.mkdir()
-    for f in lowering.templates_dir().glob("*.j2"):
-        (tdir / f.name).write_bytes(f.read_bytes())
+    src = lowering.templates_dir()
+    for f in src.rglob("*.j2"):
+        (tdir / f.relative_to(src)).parent.mkdir(parents=True, exist_ok=True)
+        (tdir / f.relative_to(src)).write_bytes(f.read_bytes())
     monkeypatch.setattr(lowering, "templates_dir", lambda: tdir)
     h0 = lowering.sources_hash()
     (tdir / lowering.TEMPLATE_NAME).write_text((tdir / lowering.TEMPLATE_NAME).read_text() + "\n// edit\n")
@@ -131,9 +134,9 @@ def test_entry_point_without_importing_package():
         f = torch.compile(lambda a: a.sin() + 1, backend="awq_inductor")
         x = torch.randn(8)
         torch.testing.assert_close(f(x), x.sin() + 1)
-        assert "awq_inductor.backend" in sys.modules
-        import awq_inductor.lowering as L
-        assert L.is_registered()
+        assert "awq_inductor.inductor.backend" in sys.modules
+        import awq_inductor.inductor as I
+        assert I.is_registered()
         print("OK")
     """)
     env = dict(os.environ, TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
@@ -142,10 +145,10 @@ def test_entry_point_without_importing_package():
 
 
 def test_untested_torch_version_warns_and_skips(monkeypatch):
-    monkeypatch.setattr(lowering, "_registered", None)
-    monkeypatch.setattr(lowering, "_warned", False)
+    monkeypatch.setattr(inductor, "_registered", None)
+    monkeypatch.setattr(inductor, "_warned", False)
     monkeypatch.setattr(torch, "__version__", "9.1.0")
-    monkeypatch.delenv(lowering.ALLOW_UNTESTED_ENV, raising=False)
+    monkeypatch.delenv(inductor.ALLOW_UNTESTED_ENV, raising=False)
     with pytest.warns(RuntimeWarning, match="not the tested"):
-        assert lowering.register() is False
-    assert lowering.register() is False  # idempotent, warns once
+        assert inductor.register() is False
+    assert inductor.register() is False  # idempotent, warns once

@@ -107,13 +107,13 @@ ROUNDTRIP_CASES = [
 
 def _pack(layout, q, z, s, G):
     if layout.startswith("gptq"):
-        return F.pack_gptq(q, z, s, G, checkpoint_format=layout)
+        return F.pack_gptq(q, z, s, G, format=layout)
     return F.pack_awq(q, z, s, group_size=G, format=layout)
 
 
 def _unpack(layout, packed, G):
     if layout.startswith("gptq"):
-        return F.unpack_gptq(*packed, G, checkpoint_format=layout)
+        return F.unpack_gptq(*packed, G, format=layout)
     return F.unpack_awq(*packed, group_size=G, format=layout)
 
 
@@ -149,8 +149,8 @@ def test_gemm_nibble_order_matches_formula():
 def test_gptq_v1_stores_z_minus_one_and_v2_stores_z():
     q, z, s = _random_canonical(8, 32, 32, torch.float16, seed=5)
     z[:, 0] = torch.arange(8, dtype=torch.uint8) * 2  # includes z = 0
-    _, qz1, _ = F.pack_gptq(q, z, s, 32, checkpoint_format="gptq")
-    _, qz2, _ = F.pack_gptq(q, z, s, 32, checkpoint_format="gptq_v2")
+    _, qz1, _ = F.pack_gptq(q, z, s, 32, format="gptq")
+    _, qz2, _ = F.pack_gptq(q, z, s, 32, format="gptq_v2")
     w1 = qz1.to(torch.int64) & 0xFFFFFFFF
     w2 = qz2.to(torch.int64) & 0xFFFFFFFF
     nib1 = torch.stack([(w1 >> (4 * j)) & 0xF for j in range(8)], -1).reshape(-1)
@@ -160,8 +160,8 @@ def test_gptq_v1_stores_z_minus_one_and_v2_stores_z():
     assert nib1[0] == 15  # z = 0 wraps to 15 in v1
     # formats.md 2.5: with every z >= 1, v1 -> v2 is "+ 0x11111111 per word" (GPTQModel's converter)
     z1 = z.clamp(min=1)
-    _, qz1, _ = F.pack_gptq(q, z1, s, 32, checkpoint_format="gptq")
-    _, qz2, _ = F.pack_gptq(q, z1, s, 32, checkpoint_format="gptq_v2")
+    _, qz1, _ = F.pack_gptq(q, z1, s, 32, format="gptq")
+    _, qz2, _ = F.pack_gptq(q, z1, s, 32, format="gptq_v2")
     assert torch.equal((qz1.to(torch.int64) + 0x11111111) & 0xFFFFFFFF, qz2.to(torch.int64) & 0xFFFFFFFF)
 
 
@@ -262,8 +262,8 @@ def test_bad_format():
         F.pack_awq(q, z, s, group_size=64, format="marlin")
     with pytest.raises(ValueError, match=r"format: expected one of .*'gptq_v2'\), got 'exllama'"):
         F.infer_shape(qweight, "exllama")
-    with pytest.raises(ValueError, match=r"checkpoint_format: expected one of \('gptq', 'gptq_v2'\), got 'gptq_v3'"):
-        F.pack_gptq(q, z, s, 64, checkpoint_format="gptq_v3")
+    with pytest.raises(ValueError, match=r"format: expected one of \('gptq', 'gptq_v2'\), got 'gptq_v3'"):
+        F.pack_gptq(q, z, s, 64, format="gptq_v3")
 
 
 def test_bad_gemm_n_not_multiple_of_8():

@@ -5,15 +5,16 @@ Regenerate with ``EXPECTTEST_ACCEPT=1 pytest tests/test_goldens.py``.
 Normalisation and the pinned setup (4 threads, caches disabled, fresh TORCHINDUCTOR_CACHE_DIR) are
 tests/golden_utils.py's: size symbols -> ``s0``, trailing spaces stripped, Inductor's store code
 replaced by ``<inductor store_output>`` and checked separately; the inlined awq header (micro-kernels
-+ driver) is not goldened: we check it is exactly ``codegen.render_header(isa, dtype)``.
++ driver) is not goldened: we check it is exactly ``codegen.render_header(schemes.W4A16, isa, dtype)``.
 """
 from __future__ import annotations
 
 import torch
 
-from awq_inductor import codegen, packing
+from awq_inductor import packing, schemes
+from awq_inductor.kernels import codegen
 from awq_inductor import config as awq_config
-from awq_inductor.ops import int4_mm_reference, int4_mm_silu_mul_reference
+from awq_inductor import ops
 from golden_utils import AMX_RUNS, GoldenTestCase, assert_close_scaled, awq_weights, compile_code
 
 N, K, G = 72, 128, 64
@@ -33,8 +34,8 @@ class TestGoldens(GoldenTestCase):
         with awq_config.patch(force_isa=isa):
             out, code = compile_code(f, x, run=runs)
             if runs:
-                assert_close_scaled(out, int4_mm_reference(x, *self.w))
-        return self.golden_region(code, "int4_mm", header=codegen.render_header(isa, dtype),
+                assert_close_scaled(out, ops.reference("int4_mm", x, *self.w))
+        return self.golden_region(code, "int4_mm", header=codegen.render_header(schemes.W4A16, isa, dtype),
                                   store=r"\.store\(Y \+|Y\[")  # Inductor's store writes the output
 
     def test_amx_static(self):
@@ -176,7 +177,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
         f = torch.compile(lambda a, b: torch.ops.awq.int4_mm_silu_mul(a, *w) + b, fullgraph=True)
         with awq_config.patch(force_isa="avx512"):
             out, code = compile_code(f, x, r)
-        assert_close_scaled(out, int4_mm_silu_mul_reference(x.float(), *w) + r.float())
+        assert_close_scaled(out, ops.reference("int4_mm_silu_mul", x.float(), *w) + r.float())
         # Inductor's epilogue reads the silu*mul tile
         region = self.golden_region(code, "int4_mm", store=r"awq_silu_mul_buf \+")
         self.assertExpectedInline(region, """\

@@ -3,16 +3,17 @@ region, normalised like tests/test_goldens.py (tests/golden_utils.py: size symbo
 store_output body elided).
 
 Regenerate with ``EXPECTTEST_ACCEPT=1 pytest tests/test_goldens_w4a8.py``. The inlined header must be
-exactly ``codegen.render_header_a8(isa, dtype)``. AMX runs in tile emulation where the CPU has no
+exactly ``codegen.render_header(schemes.W4A8, isa, dtype)``. AMX runs in tile emulation where the CPU has no
 usable AMX (the generated region does not depend on it).
 """
 from __future__ import annotations
 
 import torch
 
-from awq_inductor import codegen, packing
+from awq_inductor import packing, schemes
+from awq_inductor.kernels import codegen
 from awq_inductor import config as awq_config
-from awq_inductor.ops import int4_mm_a8_reference
+from awq_inductor import ops
 from golden_utils import AMX_RUNS, GoldenTestCase, awq_weights, compile_code
 
 N, K, G = 72, 128, 64
@@ -31,8 +32,8 @@ class TestGoldensW4A8(GoldenTestCase):
         emulate = isa == "amx" and not AMX_RUNS
         with awq_config.patch(force_isa=isa, amx_emulation=emulate):
             out, code = compile_code(f, x)
-            header = codegen.render_header_a8(isa, dtype)
-        ref = int4_mm_a8_reference(x, *self.w).float()
+            header = codegen.render_header(schemes.W4A8, isa, dtype)
+        ref = ops.reference("int4_mm_a8", x, *self.w).float()
         err = ((out.float() - ref).abs().mean() / ref.abs().mean()).item()
         self.assertLess(err, 0.03)
         region = self.golden_region(code, "int4_mm_a8", header=header)

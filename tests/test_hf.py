@@ -11,14 +11,15 @@ import torch._dynamo
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from awq_inductor import hf, testing  # noqa: E402
-from awq_inductor.model_pass import OutputSlice  # noqa: E402
-from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear  # noqa: E402
+from awq_inductor import testing  # noqa: E402
+from awq_inductor.integrations import transformers as awq_hf  # noqa: E402
+from awq_inductor.transform.model_pass import OutputSlice  # noqa: E402
+from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear, ScaledActivation  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _patched():
-    hf.patch_transformers()
+    awq_hf.patch_transformers()
     yield
 
 
@@ -112,15 +113,15 @@ def test_bf16_load(tmp_path):
 def test_patch_is_idempotent_and_validates_act_quant():
     from transformers.quantizers import auto as qauto
 
-    hf.patch_transformers()
+    awq_hf.patch_transformers()
     cls = qauto.AUTO_QUANTIZER_MAPPING["awq"]
-    hf.patch_transformers()
+    awq_hf.patch_transformers()
     assert qauto.AUTO_QUANTIZER_MAPPING["awq"] is cls
     assert qauto.AUTO_QUANTIZER_MAPPING["gptq"].__name__ == "GptqInductorQuantizer"
     with pytest.raises(ValueError, match="act_quant"):
-        hf.patch_transformers(act_quant="fp8")
-    hf.patch_transformers(act_quant="int8")  # W4A8 (tests/test_w4a8.py)
-    hf.patch_transformers()
+        awq_hf.patch_transformers(act_quant="fp8")
+    awq_hf.patch_transformers(act_quant="int8")  # W4A8 (tests/test_w4a8.py)
+    awq_hf.patch_transformers()
 
 
 @pytest.mark.parametrize("fmt", ["gemm", "gemv_fast"])
@@ -151,11 +152,11 @@ def test_act_scales_gpt_neox(tmp_path):
     ref = testing.save_quantized(model, path, format="gemm", group_size=32, extra_tensors=scales)
     for i in range(2):
         mlp = ref.gpt_neox.layers[i].mlp
-        act = hf.ScaledActivation(mlp.act, 128, dtype=torch.float32)
+        act = ScaledActivation(mlp.act, 128, dtype=torch.float32)
         act.scales.data = scales[f"gpt_neox.layers.{i}.mlp.act.scales"].float()
         mlp.act = act
     loaded = _load(path)
-    assert isinstance(loaded.gpt_neox.layers[0].mlp.act, hf.ScaledActivation)
+    assert isinstance(loaded.gpt_neox.layers[0].mlp.act, ScaledActivation)
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
@@ -183,7 +184,7 @@ def test_moe_per_expert_keys_raise(tmp_path):
                            extra_tensors=extra)
     testing.rewrite_checkpoint(path, lambda sd: [sd.pop(k) for k in list(sd) if k.endswith(
         ("experts.gate_up_proj", "experts.down_proj"))])
-    with pytest.raises(hf.CheckpointError, match=r"experts\.0\.(gate|up|down)_proj\.(qweight|qzeros|scales)"):
+    with pytest.raises(awq_hf.CheckpointError, match=r"experts\.0\.(gate|up|down)_proj\.(qweight|qzeros|scales)"):
         _load(path)
 
 
@@ -191,7 +192,7 @@ def test_wrong_qweight_shape_raises_naming_tensor(tmp_path):
     path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
     key = "model.layers.1.self_attn.k_proj.qweight"
     testing.rewrite_checkpoint(path, lambda sd: sd.__setitem__(key, sd[key][:, :-1].contiguous()))
-    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.")):
+    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.")):
         _load(path)
 
 
@@ -199,7 +200,7 @@ def test_missing_qzeros_raises(tmp_path):
     path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
     key = "model.layers.0.mlp.up_proj.qzeros"
     testing.rewrite_checkpoint(path, lambda sd: sd.pop(key))
-    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.") + ": missing"):
+    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.") + ": missing"):
         _load(path)
 
 
@@ -207,7 +208,7 @@ def test_unknown_quantized_module_raises(tmp_path):
     path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
     key = "model.layers.0.mlp.extra_proj.qweight"
     testing.rewrite_checkpoint(path, lambda sd: sd.__setitem__(key, torch.zeros(128, 16, dtype=torch.int32)))
-    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.")):
+    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.")):
         _load(path)
 
 
@@ -215,7 +216,7 @@ def test_missing_float_weight_raises(tmp_path):
     path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
     key = "model.layers.0.input_layernorm.weight"
     testing.rewrite_checkpoint(path, lambda sd: sd.pop(key))
-    with pytest.raises(hf.CheckpointError, match=key.replace(".", r"\.")):
+    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.")):
         _load(path)
 
 
@@ -246,7 +247,7 @@ def test_desc_act_gptq_raises(tmp_path):
 # ---------------------------------------------------------------------------------------------- compile
 def _backend():
     try:
-        from awq_inductor.backend import awq_inductor_backend
+        from awq_inductor.inductor.backend import awq_inductor_backend
         return awq_inductor_backend
     except ImportError:
         return "inductor"

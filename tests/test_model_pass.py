@@ -1,13 +1,14 @@
-"""awq_inductor.model_pass.convert on hand-built models: foreign modules, fusion rules, idempotency."""
+"""awq_inductor.transform.model_pass on hand-built models: foreign modules, fusion rules, idempotency."""
 from __future__ import annotations
 
 import pytest
 import torch
 from torch import nn
 
-from awq_inductor import formats, model_pass, testing
-from awq_inductor.model_pass import OutputSlice, convert
-from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear
+from awq_inductor import formats, testing, transform
+from awq_inductor.transform import model_pass
+from awq_inductor.transform.model_pass import OutputSlice, convert
+from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear
 
 transformers = pytest.importorskip("transformers")
 
@@ -35,7 +36,7 @@ class FakeGPTQ(nn.Module):
     def __init__(self, w, group_size):
         super().__init__()
         q, z, s = testing.quantize_weight(w, group_size)
-        qw, qz, sc = formats.pack_gptq(q, z, s, group_size, checkpoint_format="gptq")
+        qw, qz, sc = formats.pack_gptq(q, z, s, group_size, format="gptq")
         self.bits, self.group_size = 4, group_size
         self.in_features, self.out_features = w.shape[1], w.shape[0]
         self.register_buffer("qweight", qw)

@@ -46,8 +46,8 @@ def test_from_gptq_round_trip(fmt):
     q, z, s = random_canonical(N, K, G)
     if fmt == "gptq":
         z = z.clamp_min(1)  # GPTQ v1 cannot store z = 0
-    qw, qz, sc = formats.pack_gptq(q, z, s, G, checkpoint_format=fmt)
-    lin = AWQLinear.from_gptq(qw, qz, sc, group_size=G, checkpoint_format=fmt)
+    qw, qz, sc = formats.pack_gptq(q, z, s, G, format=fmt)
+    lin = AWQLinear.from_gptq(qw, qz, sc, group_size=G, format=fmt)
     q2, z2, s2 = lin.canonical()
     assert torch.equal(q2, q) and torch.equal(z2, z) and torch.equal(s2, s.float())
 

@@ -5,7 +5,9 @@ import random
 import pytest
 import torch
 
-from awq_inductor import codegen, config, native, ops, packing
+from awq_inductor import config, ops, packing, schemes
+from awq_inductor.kernels import codegen, native
+from awq_inductor.kernels import isa as isa_mod
 
 
 def _can_run(isa):
@@ -36,7 +38,7 @@ def _make(M, K, N, G, bias, dtype, seed=0):
 def _check(x, qw, sp, zp, b, G, N):
     y = torch.ops.awq.int4_mm(x, qw, sp, zp, b, G, N)
     assert y.shape == (x.shape[0], N) and y.dtype == x.dtype
-    ref = ops.int4_mm_reference(x.float(), qw, sp, zp, b, G, N)
+    ref = ops.reference("int4_mm", x.float(), qw, sp, zp, b, G, N)
     scale = ref.abs().max().item() + 1e-6
     err = (y.float() - ref).abs().max().item()
     tol = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[x.dtype]
@@ -103,7 +105,7 @@ def test_m_zero():
     x, qw, sp, zp, b = _make(0, 64, 40, 32, True, torch.bfloat16)
     y = torch.ops.awq.int4_mm(x, qw, sp, zp, b, 32, 40)
     assert y.shape == (0, 40) and y.dtype == torch.bfloat16
-    y = native.get_kernel(torch.float32, isa="portable")(x.float(), qw, sp, zp, b, 32, 40)
+    y = native.get_kernel("int4_mm", torch.float32, isa="portable")(x.float(), qw, sp, zp, b, 32, 40)
     assert y.shape == (0, 40)
 
 
@@ -112,9 +114,9 @@ def test_kernel_cache_per_isa():
     ks = {}
     for isa in avail:
         with config.patch(force_isa=isa):
-            ks[isa] = native.get_kernel(torch.float32)
+            ks[isa] = native.get_kernel("int4_mm", torch.float32)
             assert ks[isa].isa == isa
-            assert native.get_kernel(torch.float32) is ks[isa]
+            assert native.get_kernel("int4_mm", torch.float32) is ks[isa]
     assert len({id(k) for k in ks.values()}) == len(avail)
 
 
@@ -134,25 +136,25 @@ def test_codegen_api():
     assert len(codegen.templates_hash()) == 64
     for isa in ("amx", "avx512", "portable"):
         for dt in DTYPES:
-            h = codegen.render_header(isa, dt)
+            h = codegen.render_header(schemes.W4A16, isa, dt)
             assert "int4_mm_driver" in h and "{{" not in h and "{%" not in h
             assert f"#define AWQ_TILE_N {codegen.TILE_N}" in h
             assert ("AWQ_TILE_DPBF16PS(0, 4, 6)" in h) == (isa == "amx" and dt == torch.bfloat16)
             assert ("#define AWQ_TILE_DPBF16PS(c, a, b) _tile_dpbf16ps" in h) == (isa == "amx")
             if isa != "portable":
                 assert '#pragma GCC target("' in h and h.count("push_options") == h.count("pop_options")
-            e = codegen.render_header(isa, dt, amx_emulate=True)
+            e = codegen.render_header(schemes.W4A16, isa, dt, amx_emulate=True)
             assert "amx_emu::dpbf16ps" in e and "_tile_dpbf16ps" not in e
     with config.patch(amx_emulation=True):
-        assert "amx_emu::" in codegen.render_header("amx", torch.bfloat16)
-        assert not any(f.startswith("-mamx") for f in codegen.compile_flags("amx"))
-    assert "-mamx-tile" in codegen.compile_flags("amx") and "-mavx512bf16" in codegen.compile_flags("avx512")
-    assert codegen.compile_flags("portable") == []
+        assert "amx_emu::" in codegen.render_header(schemes.W4A16, "amx", torch.bfloat16)
+        assert not any(f.startswith("-mamx") for f in isa_mod.compile_flags("amx"))
+    assert "-mamx-tile" in isa_mod.compile_flags("amx") and "-mavx512bf16" in isa_mod.compile_flags("avx512")
+    assert isa_mod.compile_flags("portable") == []
     assert codegen.dtype_ctype(torch.bfloat16) == "bfloat16" and codegen.dtype_ctype(torch.float16) == "half"
     with config.patch(force_isa="portable"):
-        assert codegen.detect_isa() == "portable"
+        assert isa_mod.select() == "portable"
     with pytest.raises(ValueError):
-        codegen.render_header("sse", torch.float32)
+        codegen.render_header(schemes.W4A16, "sse", torch.float32)
 
 
 # ------------------------------------------------------------------ AMX micro-kernel, emulated
@@ -189,7 +191,7 @@ def test_amx_emulated(M, K, N, G):
     x, q, z, s, b = _make_canonical(M, K, N, G, True, seed=M * 1000 + K + N)
     qw, sp, zp = packing.pack_for_kernel(q, z, s, G)
     with config.patch(force_isa="amx", amx_emulation=True):
-        k = native.get_kernel(torch.bfloat16)
+        k = native.get_kernel("int4_mm", torch.bfloat16)
         assert k.isa == "amx" and k.amx_emulated
         _check(x, qw, sp, zp, b, G, N)
         y = k(x, qw, sp, zp, b, G, N).float()
@@ -211,7 +213,7 @@ def test_amx_emulated_differs_from_avx512_and_threads_agree():
     with config.patch(force_isa="amx", amx_emulation=True):
         for nt in (1, 2, 3):
             with config.patch(num_threads=nt):
-                outs.append(native.get_kernel(torch.bfloat16)(x, qw, sp, zp, b, 64, 96))
+                outs.append(native.get_kernel("int4_mm", torch.bfloat16)(x, qw, sp, zp, b, 64, 96))
     assert not torch.equal(outs[0], y_avx)
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
     torch.testing.assert_close(outs[0], outs[2], rtol=0, atol=0)
@@ -258,10 +260,10 @@ def test_amx_emulator_semantics_and_misuse(tmp_path):
     configurations / operands the hardware would fault on."""
     import subprocess
 
-    src = codegen.render_header("amx", torch.bfloat16, amx_emulate=True) + _EMU_PROBE
+    src = codegen.render_header(schemes.W4A16, "amx", torch.bfloat16, amx_emulate=True) + _EMU_PROBE
     cpp, exe = tmp_path / "probe.cpp", tmp_path / "probe"
     cpp.write_text(src)
-    subprocess.run(["g++", "-O1", "-std=c++17", "-fopenmp", *codegen.compile_flags("amx", amx_emulate=True),
+    subprocess.run(["g++", "-O1", "-std=c++17", "-fopenmp", *isa_mod.compile_flags("amx", amx_emulate=True),
                     str(cpp), "-o", str(exe)], check=True)
     ok = subprocess.run([str(exe), "0"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr

@@ -4,7 +4,7 @@ import torch
 import torch._dynamo.testing
 
 import awq_inductor  # noqa: F401
-from awq_inductor.ops import int4_mm_reference
+from awq_inductor import ops
 
 from helpers import random_packed
 
@@ -35,7 +35,7 @@ def test_eager_matches_reference(dtype, tol, M):
     x = torch.randn(M, K, dtype=dtype)
     y = OP(x, qw, s, z, b, G, N)
     assert y.shape == (M, N) and y.dtype == dtype
-    ref = int4_mm_reference(x.float(), qw, s, z, b, G, N)
+    ref = ops.reference("int4_mm", x.float(), qw, s, z, b, G, N)
     scale = ref.abs().max().clamp_min(1e-6) if M else 1.0
     torch.testing.assert_close(y.float() / scale, ref / scale, rtol=0, atol=tol)
 
@@ -63,7 +63,7 @@ def test_dynamic_m_traces_once():
     f = torch.compile(lambda x: OP(x, qw, s, z, None, G, N), backend=cnt, dynamic=True, fullgraph=True)
     for M in (3, 7, 20):
         x = torch.randn(M, K)
-        torch.testing.assert_close(f(x), int4_mm_reference(x, qw, s, z, None, G, N), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(f(x), ops.reference("int4_mm", x, qw, s, z, None, G, N), rtol=1e-5, atol=1e-5)
     assert cnt.frame_count == 1
 
 

@@ -9,7 +9,7 @@ from torch._inductor.utils import run_and_get_code
 
 from awq_inductor import config as awq_config
 from awq_inductor import ops, packing, testing
-from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear
+from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear
 
 AVX512_OK = bool(torch.cpu._is_avx512_supported() and torch.cpu._is_avx512_bf16_supported())
 ISAS = ["portable", pytest.param("avx512", marks=pytest.mark.skipif(not AVX512_OK, reason="no AVX512-BF16"))]
@@ -44,7 +44,7 @@ def test_op_matches_reference(isa, dtype):
             x = torch.randn(M, 128).to(dtype)
             with awq_config.patch(force_isa=isa):
                 y = ops.int4_mm_silu_mul(x, *args)
-            ref = ops.int4_mm_silu_mul_reference(x, *args)
+            ref = ops.reference("int4_mm_silu_mul", x, *args)
             check(y, ref)
             # the reference itself: silu(x Wg^T + bg) * (x Wu^T + bu) from the canonical weights
             w = testing.dequantize(q, z, s, 32)
@@ -100,7 +100,7 @@ def test_compiled_fuses_silu_mul_and_residual(clean, isa):
 
     with awq_config.patch(force_isa=isa):
         out, codes = run_and_get_code(torch.compile(f, fullgraph=True), x, r)
-    ref = (ops.int4_mm_silu_mul_reference(x.float(), *args) + r.float()).to(torch.bfloat16)
+    ref = (ops.reference("int4_mm_silu_mul", x.float(), *args) + r.float()).to(torch.bfloat16)
     check(out, ref)
     code = "\n".join(codes)
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
@@ -116,7 +116,7 @@ def test_compiled_dynamic_m(clean):
     for M in (2, 9, 40):
         x = torch.randn(M, 64)
         torch._dynamo.mark_dynamic(x, 0)
-        check(f(x), ops.int4_mm_silu_mul_reference(x, *args))
+        check(f(x), ops.reference("int4_mm_silu_mul", x, *args))
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
 
@@ -130,7 +130,7 @@ def _tiny_llama():
 
 
 def test_model_pass_llama_uses_fused_op():
-    from awq_inductor import model_pass
+    from awq_inductor import transform
 
     cfg, model, ref = _tiny_llama()
     # quantize in place: every decoder Linear -> AWQLinear with the reference's dequantized weight
@@ -140,11 +140,11 @@ def test_model_pass_llama_uses_fused_op():
             lin = AWQLinear.from_canonical(q, z, s, group_size=32)
             lin.awq_source = {"format": "gemm", "scales_dtype": torch.float32, "bias_dtype": None, "parts": None}
             model.set_submodule(name, lin)
-    unfused = model_pass.convert(__import__("copy").deepcopy(model), fuse=False)
-    model_pass.convert(model)
+    unfused = transform.convert(__import__("copy").deepcopy(model), fuse=False)
+    transform.convert(model)
     mlp = model.model.layers[0].mlp
     assert isinstance(mlp.gate_up_proj, AWQGateUpSiluMul) and type(mlp).__name__ == "AWQSiluMulLlamaMLP"
-    assert model_pass.convert(model) is model and isinstance(model.model.layers[0].mlp.gate_up_proj, AWQGateUpSiluMul)
+    assert transform.convert(model) is model and isinstance(model.model.layers[0].mlp.gate_up_proj, AWQGateUpSiluMul)
     ids = torch.randint(0, cfg.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), testing.Int4MMCounter() as c:
         got = model(ids).logits
@@ -155,9 +155,9 @@ def test_model_pass_llama_uses_fused_op():
     kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
     assert torch.equal(model.generate(ids[:1, :5], **kw), ref.generate(ids[:1, :5], **kw))
     # save path: gate_proj / up_proj written back in the original format
-    sd = model_pass.checkpoint_state_dict(model)
+    sd = transform.checkpoint_state_dict(model)
     assert "model.layers.0.mlp.gate_proj.qweight" in sd and "model.layers.0.mlp.gate_up_proj.qweight" not in sd
-    usd = model_pass.checkpoint_state_dict(unfused)
+    usd = transform.checkpoint_state_dict(unfused)
     for k in ("gate_proj", "up_proj"):
         for t in ("qweight", "qzeros", "scales"):
             key = f"model.layers.1.mlp.{k}.{t}"
@@ -165,13 +165,13 @@ def test_model_pass_llama_uses_fused_op():
 
 
 def test_model_pass_keeps_plain_fusion_when_i_not_multiple_of_32():
-    from awq_inductor import model_pass
+    from awq_inductor import transform
 
     cfg = testing.tiny_config("llama", hidden_size=64, intermediate_size=80, num_hidden_layers=1)
     model = testing.build_float_model(cfg, seed=6)
     for name, m in list(model.named_modules()):
         if isinstance(m, torch.nn.Linear) and name != "lm_head":
             model.set_submodule(name, AWQLinear.from_canonical(*testing.quantize_weight(m.weight, 16), group_size=16))
-    model_pass.convert(model)
+    transform.convert(model)
     mlp = model.model.layers[0].mlp
     assert type(mlp.gate_up_proj) is AWQLinear and mlp.gate_up_proj.out_features == 160

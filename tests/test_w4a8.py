@@ -11,11 +11,13 @@ import os
 import pytest
 import torch
 
-from awq_inductor import codegen, config, native, packing
+from awq_inductor import config, packing, schemes
+from awq_inductor.kernels import codegen, native
+from awq_inductor.kernels import isa as isa_mod
 from awq_inductor import ops as awq_ops
-from awq_inductor.modules import AWQGateUpSiluMul, AWQLinear
+from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear
 
-HAS_AVX512 = codegen._hardware_isa() in ("avx512", "amx")
+HAS_AVX512 = isa_mod.hardware() in ("avx512", "amx")
 ISAS = [pytest.param("avx512", marks=pytest.mark.skipif(not HAS_AVX512, reason="needs AVX512-VNNI/BF16")),
         "portable",
         pytest.param("amx_emulated", marks=pytest.mark.skipif(not HAS_AVX512, reason="emulator built with AVX512"))]
@@ -45,8 +47,8 @@ def rel_err(got, ref):
 def _kernel(isa, dtype):
     if isa == "amx_emulated":
         with config.patch(amx_emulation=True):
-            return native.get_a8_kernel(dtype, "amx")
-    return native.get_a8_kernel(dtype, isa)
+            return native.get_kernel("int4_mm_a8", dtype, "amx")
+    return native.get_kernel("int4_mm_a8", dtype, isa)
 
 
 def teardown_module(module):
@@ -71,12 +73,12 @@ def test_numerics_per_isa(isa, dtype):
             x[:, 3] = 7.0  # an outlier channel: the per-token scale follows it
             got = k(x, *w)
             assert got.dtype == dtype and got.shape == (M, N)
-            err = rel_err(got, awq_ops.int4_mm_a8_reference(x, *w))
+            err = rel_err(got, awq_ops.reference("int4_mm_a8", x, *w))
             _FIGURES[f"{isa}/{str(dtype)[6:]}/K{K}_N{N}_G{G}/M{M}"] = round(err, 5)
             print(f"W4A8 {isa:12s} {str(dtype)[6:]:8s} K={K} N={N} G={G} M={M:3d} mean rel err {err:.4f}")
             assert err <= 0.03, (isa, dtype, K, N, G, M, err)
             if dtype == torch.float32:  # the integer math itself is exact: vs x quantized the same way
-                exact = awq_ops.int4_mm_a8_reference(x, *w, quantize_x=True)
+                exact = awq_ops.reference("int4_mm_a8", x, *w, quantize_x=True)
                 assert rel_err(got, exact) < 1e-5, (isa, K, N, G, M)
 
 
@@ -88,7 +90,7 @@ def test_zero_rows_and_k_slicing():
     with config.patch(num_threads=4):
         got = torch.ops.awq.int4_mm_a8(x, *w)
     torch.testing.assert_close(got[1], w[4], atol=0, rtol=0)
-    assert rel_err(got, awq_ops.int4_mm_a8_reference(x, *w, quantize_x=True)) < 1e-5
+    assert rel_err(got, awq_ops.reference("int4_mm_a8", x, *w, quantize_x=True)) < 1e-5
 
 
 def test_packing_round_trip_and_layout():
@@ -164,7 +166,7 @@ def test_compiled_uses_w4a8_template():
         if HAS_AVX512:
             assert "_mm512_dpbusd_epi32" in code
         assert "torch.ops.awq.int4_mm_a8" not in code  # no extern call
-        ref = torch.nn.functional.silu(awq_ops.int4_mm_a8_reference(x, *w).float())
+        ref = torch.nn.functional.silu(awq_ops.reference("int4_mm_a8", x, *w).float())
         assert rel_err(out, ref) < 0.03
     torch._dynamo.reset()
 
@@ -172,19 +174,20 @@ def test_compiled_uses_w4a8_template():
 def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
-    from awq_inductor import hf, testing
+    from awq_inductor import testing
+    from awq_inductor.integrations import transformers as awq_hf
 
     cfg = testing.tiny_config("llama")
     path = str(tmp_path / "llama")
     testing.save_quantized(testing.build_float_model(cfg, seed=0), path, quant_method="awq", format="gemm",
                            group_size=32)
     try:
-        hf.patch_transformers()
+        awq_hf.patch_transformers()
         m16 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        hf.patch_transformers(act_quant="int8")
+        awq_hf.patch_transformers(act_quant="int8")
         m8 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     finally:
-        hf.patch_transformers()
+        awq_hf.patch_transformers()
     n8 = sum(isinstance(m, AWQLinear) and m.act_quant == "int8" for m in m8.modules())
     assert n8 >= cfg.num_hidden_layers * 3
     # a fresh int8 load fuses the gated MLP into the W4A8 silu_mul op too
@@ -201,10 +204,10 @@ def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
     _FIGURES["e2e_tiny_llama_tokens_matching_of_16"] = same
     assert same >= 14
     # and convert() switches an already loaded W4A16 model to W4A8 (and back)
-    from awq_inductor import model_pass
-    from awq_inductor.model_pass import convert
+    from awq_inductor import transform
+    from awq_inductor.transform.model_pass import convert
 
-    sd16 = model_pass.checkpoint_state_dict(m16)
+    sd16 = transform.checkpoint_state_dict(m16)
     q16 = m16.model.layers[0].mlp.gate_up_proj.qweight.clone()
     convert(m16, act_quant="int8")
     assert all(m.act_quant == "int8" for m in m16.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul)))
@@ -216,7 +219,7 @@ def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
     with torch.no_grad():
         assert rel_err(m16(prompt).logits, m8(prompt).logits) < 0.03
     # the checkpoint written from the W4A8 model is the original one
-    sd8 = model_pass.checkpoint_state_dict(m16)
+    sd8 = transform.checkpoint_state_dict(m16)
     assert sd8.keys() == sd16.keys() and all(torch.equal(sd8[k], sd16[k]) for k in sd16)
     from safetensors.torch import load_file
 
@@ -239,8 +242,8 @@ def packed_gate_up(K, I, G, seed=0, bias=True):
 def _silu_kernel(isa, dtype):
     if isa == "amx_emulated":
         with config.patch(amx_emulation=True):
-            return native.get_a8_silu_mul_kernel(dtype, "amx")
-    return native.get_a8_silu_mul_kernel(dtype, isa)
+            return native.get_kernel("int4_mm_a8_silu_mul", dtype, "amx")
+    return native.get_kernel("int4_mm_a8_silu_mul", dtype, isa)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -263,7 +266,7 @@ def test_silu_mul_op_vs_reference(isa, dtype):
             _FIGURES[f"silu_mul/{isa}/{str(dtype)[6:]}/K{K}_I{I}_G{G}/M{M}"] = round(err, 5)
             assert err <= 0.03, (isa, dtype, K, I, G, M, err)
             if dtype == torch.float32:
-                exact = awq_ops.int4_mm_a8_silu_mul_reference(x, *w, quantize_x=True)
+                exact = awq_ops.reference("int4_mm_a8_silu_mul", x, *w, quantize_x=True)
                 assert rel_err(got, exact) < 1e-5, (isa, K, I, G, M)
     # eager op entry point, K-sliced M=1 path, zero row -> silu(bg) * bu exactly
     w, _ = packed_gate_up(512, 64, 64, seed=3)
@@ -273,7 +276,7 @@ def test_silu_mul_op_vs_reference(isa, dtype):
         got = torch.ops.awq.int4_mm_a8_silu_mul(x, *w)
     bg, bu = packing.deinterleave_gate_up(w[4], 64)[:64], packing.deinterleave_gate_up(w[4], 64)[64:]
     torch.testing.assert_close(got[1], torch.nn.functional.silu(bg) * bu, atol=1e-6, rtol=1e-5)
-    assert rel_err(got, awq_ops.int4_mm_a8_silu_mul_reference(x, *w, quantize_x=True)) < 1e-5
+    assert rel_err(got, awq_ops.reference("int4_mm_a8_silu_mul", x, *w, quantize_x=True)) < 1e-5
 
 
 def test_silu_mul_packing_round_trip_and_opcheck():
@@ -325,7 +328,7 @@ def test_silu_mul_compiled_one_template_kernel():
     if HAS_AVX512:
         assert "_mm512_dpbusd_epi32" in code
     assert "torch.ops.awq" not in code  # no extern call
-    ref = awq_ops.int4_mm_a8_silu_mul_reference(x, *w).float() + r.float()
+    ref = awq_ops.reference("int4_mm_a8_silu_mul", x, *w).float() + r.float()
     assert rel_err(out, ref) < 0.03
     torch._dynamo.reset()
 

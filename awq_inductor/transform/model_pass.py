@@ -3,7 +3,7 @@
 :func:`convert` (idempotent, returns the model):
 
 1. **Replacement.** Every int4 linear becomes an :class:`AWQLinear`: the loading placeholders of
-   :mod:`awq_inductor.hf` (:class:`~awq_inductor.hf.CheckpointInt4Linear`) and foreign modules built
+   transformers integration (:class:`~awq_inductor.nn.CheckpointInt4Linear`) and foreign modules built
    by gptqmodel / AutoAWQ / llm-awq, recognised by duck typing (``qweight``, ``qzeros``, ``scales``
    tensors plus ``w_bit`` or ``bits`` and ``group_size``) without importing those packages. Each
    new module records where it came from in ``awq_source`` (format, scales/bias dtypes, parts) so
@@ -34,7 +34,7 @@
    Mistral; checked on the AST by :func:`_gated_mlp_forward`, up to local names) or Phi-3's
    ``gate_up_proj`` + ``chunk(2)`` + ``up * activation_fn(gate)``, with an ``nn.SiLU`` /
    transformers ``SiLUActivation``, AWQLinear projections and I % 32 == 0, gets ``gate_up_proj`` =
-   :class:`~awq_inductor.modules.AWQGateUpSiluMul` (``awq::int4_mm_silu_mul``, or with
+   :class:`~awq_inductor.nn.AWQGateUpSiluMul` (``awq::int4_mm_silu_mul``, or with
    act_quant="int8" its W4A8 twin ``awq::int4_mm_a8_silu_mul``: gate and up
    32-column panels interleaved, SiLU(gate) * up computed on the GEMM's fp32 tiles, further
    pointwise epilogues still fuse under Inductor) and a class swap to ``down_proj(gate_up_proj(x))``.
@@ -50,18 +50,18 @@ gate|up (+ SiLU * mul), down.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
 
-from . import formats
-from . import packing
-from .modules import AWQGateUpSiluMul, AWQLinear
-
-ACT_QUANT_CHOICES = (None, "int8")
+from .. import formats, packing
+from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
+from ..progress import track
+from ..schemes import scheme_for
 #: (fused attribute, parts in output order)
 FUSIONS = (
     ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
@@ -89,8 +89,6 @@ class OutputSlice(nn.Module):
 # Recognising int4 modules
 # ---------------------------------------------------------------------------------------------
 def _is_placeholder(mod: nn.Module) -> bool:
-    from .hf import CheckpointInt4Linear
-
     return isinstance(mod, CheckpointInt4Linear)
 
 
@@ -137,7 +135,7 @@ def _to_awq_linear(mod: nn.Module) -> AWQLinear:
         bias = getattr(mod, "bias", None)
         bias = bias if isinstance(bias, torch.Tensor) else None
         if fmt.startswith("gptq"):
-            new = AWQLinear.from_gptq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, checkpoint_format=fmt)
+            new = AWQLinear.from_gptq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, format=fmt)
         else:
             new = AWQLinear.from_awq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, format=fmt)
     bias = getattr(mod, "bias", None)
@@ -163,15 +161,10 @@ def _forward_input_name(fn) -> Optional[str]:
     return params[1].name
 
 
-_FUSABLE_CACHE: Dict[Tuple[type, Tuple[str, ...]], Optional[str]] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _fusable_forward(cls: type, parts: Tuple[str, ...]) -> Optional[str]:
     """Name of the forward's input if it is used only as ``self.<part>(x)`` (once per part) and
     ``x.shape``; else None (do not fuse)."""
-    key = (cls, parts)
-    if key in _FUSABLE_CACHE:
-        return _FUSABLE_CACHE[key]
     result = None
     try:
         fn = inspect.unwrap(cls.forward)
@@ -205,17 +198,11 @@ def _fusable_forward(cls: type, parts: Tuple[str, ...]) -> Optional[str]:
                 result = arg
     except (OSError, TypeError, SyntaxError, IndexError):
         result = None
-    _FUSABLE_CACHE[key] = result
     return result
 
 
-_FUSED_CLASSES: Dict[Tuple[type, str, str], type] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _fused_class(cls: type, fused_attr: str, arg: str) -> type:
-    key = (cls, fused_attr, arg)
-    if key in _FUSED_CLASSES:
-        return _FUSED_CLASSES[key]
     orig_forward = cls.forward
 
     def forward(self, *args, **kwargs):
@@ -231,7 +218,6 @@ def _fused_class(cls: type, fused_attr: str, arg: str) -> type:
     new_cls = type(f"AWQFused{cls.__name__}", (cls,), {"forward": forward, "_awq_fused_attr": fused_attr,
                                                         "_awq_base_class": cls})
     new_cls.__module__ = cls.__module__
-    _FUSED_CLASSES[key] = new_cls
     return new_cls
 
 
@@ -338,14 +324,10 @@ def _normalized_body(body: List[ast.stmt], arg: str) -> str:
     return ast.dump(mod)
 
 
-_GATED_MLP_CACHE: Dict[type, Optional[Tuple[str, str, str]]] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _gated_mlp_forward(cls: type) -> Optional[Tuple[str, str, str]]:
     """(kind, activation attribute, input name) if ``cls.forward(self, x)`` is exactly one of
     :data:`_GATED_MLP_BODIES` (up to local names and a docstring); else None."""
-    if cls in _GATED_MLP_CACHE:
-        return _GATED_MLP_CACHE[cls]
     result = None
     try:
         fn = inspect.unwrap(cls.forward)
@@ -360,7 +342,6 @@ def _gated_mlp_forward(cls: type) -> Optional[Tuple[str, str, str]]:
                     break
     except (OSError, TypeError, SyntaxError, IndexError, ValueError):
         result = None
-    _GATED_MLP_CACHE[cls] = result
     return result
 
 
@@ -372,14 +353,8 @@ def _is_silu(mod) -> bool:
     return t.__name__ == "SiLUActivation" and t.__module__.startswith("transformers.")
 
 
-_SILU_MUL_CLASSES: Dict[Tuple[type, str], type] = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _silu_mul_class(cls: type, arg: str) -> type:
-    key = (cls, arg)
-    if key in _SILU_MUL_CLASSES:
-        return _SILU_MUL_CLASSES[key]
-
     def forward(self, *args, **kwargs):
         x = args[0] if args else kwargs[arg]
         return self.down_proj(self.gate_up_proj(x))
@@ -389,7 +364,6 @@ def _silu_mul_class(cls: type, arg: str) -> type:
     new_cls = type(f"AWQSiluMul{cls.__name__}", (cls,), {"forward": forward, "_awq_fused_attr": "gate_up_proj",
                                                           "_awq_base_class": cls, "_awq_silu_mul": True})
     new_cls.__module__ = cls.__module__
-    _SILU_MUL_CLASSES[key] = new_cls
     return new_cls
 
 
@@ -446,26 +420,23 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
 # Entry points
 # ---------------------------------------------------------------------------------------------
 def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = True,
-            progress: Optional[callable] = None) -> nn.Module:
+            progress: Optional[bool] = None) -> nn.Module:
     """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
 
     Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear and
     AWQGateUpSiluMul, including ones converted before, is packed for ``awq::int4_mm_a8`` /
     ``awq::int4_mm_a8_silu_mul``, dynamic per-token int8 activations; a later ``convert(model)``
     packs them back to W4A16).
-    ``progress(done, total, name)`` is called after each replaced module (for UIs).
+    ``progress``: a tqdm bar over the replaced modules (None: on a terminal only).
     """
-    if act_quant not in ACT_QUANT_CHOICES:
-        raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
+    scheme_for(act_quant)  # validates the choice
     todo = [(n, m) for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
-    for i, (name, mod) in enumerate(todo):
+    for name, mod in track(todo, "awq_inductor: converting", progress):
         try:
             new = _to_awq_linear(mod)
         except (ValueError, NotImplementedError) as e:
             raise type(e)(f"{name}: {e}") from e
         model.set_submodule(name, new)
-        if progress is not None:
-            progress(i + 1, len(todo), name)
     if fuse:
         for name, module in list(model.named_modules()):
             if _fuse_gated_mlp(module, act_quant):
@@ -481,39 +452,3 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
 
 def count_int4_linears(module: nn.Module) -> int:
     return sum(1 for m in module.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul)))
-
-
-def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dict[str, torch.Tensor]:
-    """``model.state_dict()`` with every AWQLinear written back in its checkpoint format under the
-    original module names (fused modules split again). Used by ``save_pretrained``."""
-    sd = model.state_dict()
-    for name, mod in model.named_modules():
-        if not isinstance(mod, (AWQLinear, AWQGateUpSiluMul)):
-            continue
-        prefix = f"{name}." if name else ""
-        for t in ("qweight", "scales", "zeros", "comp", "bias"):
-            sd.pop(prefix + t, None)
-        src = getattr(mod, "awq_source", None) or {}
-        fmt = src.get("format") or default_format
-        sdt = src.get("scales_dtype") or torch.float16
-        bdt = src.get("bias_dtype") or sdt
-        parent = name.rpartition(".")[0]
-        parts = src.get("parts") or [(name.rpartition(".")[2], getattr(mod, "gate_up_features", mod.out_features),
-                                      mod.bias is not None)]
-        q, z, s = mod.canonical()  # AWQGateUpSiluMul: [gate ; up] order, like the fused AWQLinear
-        bias = mod.canonical_bias() if isinstance(mod, AWQGateUpSiluMul) else mod.bias
-        off = 0
-        for part, n, has_bias in parts:
-            pname = f"{parent}.{part}" if parent else part
-            sl = slice(off, off + n)
-            qi, zi, si = q[sl].contiguous(), z[sl].contiguous(), s[sl].to(sdt).contiguous()
-            if fmt.startswith("gptq"):
-                qw, qz, sc = formats.pack_gptq(qi, zi, si, mod.group_size, checkpoint_format=fmt)
-                sd[f"{pname}.g_idx"] = (torch.arange(mod.in_features, dtype=torch.int32) // mod.group_size)
-            else:
-                qw, qz, sc = formats.pack_awq(qi, zi, si, group_size=mod.group_size, format=fmt)
-            sd[f"{pname}.qweight"], sd[f"{pname}.qzeros"], sd[f"{pname}.scales"] = qw, qz, sc
-            if has_bias:
-                sd[f"{pname}.bias"] = bias[sl].to(bdt).contiguous()
-            off += n
-    return sd

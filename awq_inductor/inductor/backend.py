@@ -7,7 +7,7 @@
 It is ``compile_fx`` with config patches suited to CPU inference of pre-packed int4 weights:
 the weights stay graph inputs (``freezing`` off: they are packed at load time, never baked as
 compile-time constants, see design/inductor.md §3), ``cpp.threads`` is left to Inductor
-(= ``torch.get_num_threads()``), and :func:`awq_inductor.lowering.cache_pass` is appended to
+(= ``torch.get_num_threads()``), and :func:`awq_inductor.inductor.lowering.cache_pass` is appended to
 ``post_grad_custom_post_pass`` so the FX graph cache key covers our templates and lowering.
 """
 from __future__ import annotations

@@ -1,0 +1,337 @@
+"""Load AWQ / GPTQ int4 checkpoints with transformers 5.x on CPU, straight into :class:`AWQLinear`.
+
+    import awq_inductor
+    awq_inductor.patch_transformers()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+
+How it hooks transformers (checked against 5.24): ``register_quantizer("awq")`` refuses an existing
+name, so :func:`patch_transformers` overwrites the module-level dicts that
+``transformers.quantizers.auto.get_hf_quantizer`` reads at call time:
+
+* ``AUTO_QUANTIZER_MAPPING["awq"|"gptq"]`` -> :class:`AwqInductorQuantizer` /
+  :class:`GptqInductorQuantizer` (``HfQuantizer`` subclasses; no gptqmodel / autoawq / optimum).
+* ``AUTO_QUANTIZATION_CONFIG_MAPPING["awq"]`` -> :class:`AwqConfig` (same class name as the stock
+  one, so ``from_pretrained(..., quantization_config=AwqConfig(...))`` keeps working); it maps the
+  legacy on-disk tags ``exllama``/``ipex`` to ``gemm`` (same tensors) and rejects ``marlin`` with
+  a message that says why.
+
+``PreTrainedModel.from_pretrained`` then calls, in this order:
+
+1. ``validate_environment`` (no-op: nothing to import), ``update_dtype`` (kept);
+2. ``preprocess_model`` -> ``_process_model_before_weight_loading(model, checkpoint_files=...)``:
+   every ``nn.Linear`` not in ``modules_to_not_convert`` (plus transformers' default skips:
+   ``lm_head``, tied and last modules) becomes a :class:`CheckpointInt4Linear` holding buffers
+   with the checkpoint's names, shapes and dtypes; ``mlp.act`` of the architectures in
+   :data:`ACT_SCALES_MAPPINGS` becomes :class:`ScaledActivation`. The safetensors headers are
+   read (no tensor data) and checked against those modules: a quantized tensor with no module to
+   receive it (per-expert MoE keys, unknown modules), a missing ``qweight``/``qzeros``/
+   ``scales``/``bias``, or a tensor of the wrong shape raises :class:`CheckpointError` naming
+   the tensors, before anything is loaded;
+3. the stock loader copies the tensors into those buffers bit-exactly;
+4. ``postprocess_model`` -> ``_process_model_after_weight_loading``: every parameter and
+   persistent buffer of the model must carry transformers' ``_is_hf_initialized`` mark (set only
+   on loaded tensors); anything left randomly initialised raises :class:`CheckpointError` naming
+   it. Then :func:`awq_inductor.transform.convert` builds the :class:`AWQLinear` modules and fuses
+   q/k/v and gate/up.
+
+``save_pretrained`` goes through ``get_state_dict_and_metadata``: fused modules are split again and
+every :class:`AWQLinear` is packed back into the checkpoint's own format (``formats.pack_awq`` /
+``pack_gptq``) under the original module names, so the saved folder loads again like the original
+one (through this patch, or through any other AWQ/GPTQ loader).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+import transformers
+import transformers.quantizers.auto as qauto
+from transformers.quantizers.base import HfQuantizer
+from transformers.quantizers.quantizers_utils import should_convert_module
+from transformers.utils import quantization_config as qc
+
+from .. import transform
+from ..formats import AWQ_FORMATS, GPTQ_FORMATS, checkpoint_shapes
+from ..nn import CheckpointInt4Linear, ScaledActivation
+from ..schemes import scheme_for
+#: model_type -> (activation attribute, linear feeding it): AWQ stores ``<mlp>.<act>.scales``.
+ACT_SCALES_MAPPINGS = {
+    "starcoder2": ("act", "c_fc"),
+    "RefinedWebModel": ("act", "dense_h_to_4h"),
+    "falcon": ("act", "dense_h_to_4h"),
+    "mpt": ("act", "up_proj"),
+    "gptj": ("act", "fc_in"),
+    "gpt_neox": ("act", "dense_h_to_4h"),
+    "gpt_bigcode": ("act", "c_fc"),
+    "bloom": ("gelu_impl", "dense_h_to_4h"),
+}
+_QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
+
+_state = {"act_quant": None}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that would load wrongly (missing, unexpected or misshapen tensors)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint inspection
+# ---------------------------------------------------------------------------------------------
+_ST_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I32": torch.int32,
+              "I16": torch.int16, "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8, "F64": torch.float64}
+
+
+def read_checkpoint_header(checkpoint_files: Optional[Iterable[str]]) -> Optional[Dict[str, Tuple[Tuple[int, ...], Optional[torch.dtype]]]]:
+    """{key: (shape, dtype)} from the safetensors headers (no tensor data); None if unknown."""
+    if not checkpoint_files:
+        return None
+    out = {}
+    for path in checkpoint_files:
+        if not str(path).endswith(".safetensors"):
+            return None
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for k, v in header.items():
+            if k == "__metadata__":
+                continue
+            out[k] = (tuple(v["shape"]), _ST_DTYPES.get(v["dtype"]))
+    return out
+
+
+def _map_key(key: str, names: set, prefix: str) -> str:
+    """Checkpoint key -> model name, allowing a missing or extra base-model prefix."""
+    if key in names or not prefix:
+        return key
+    if key.startswith(prefix + ".") and key[len(prefix) + 1:] in names:
+        return key[len(prefix) + 1:]
+    if f"{prefix}.{key}" in names:
+        return f"{prefix}.{key}"
+    return key
+
+
+def _fmt_list(items: List[str], limit: int = 12) -> str:
+    items = sorted(items)
+    s = ", ".join(items[:limit])
+    return s + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# Quantizers and config
+# ---------------------------------------------------------------------------------------------
+class AwqConfig(qc.AwqConfig):
+    """transformers' AwqConfig, accepting the on-disk aliases exllama/ipex (= gemm tensors) and
+    llm-awq (= gemv_fast tensors) and refusing marlin clearly."""
+
+    def post_init(self):
+        fmt = str(getattr(self.format, "value", self.format)).lower()
+        if fmt in ("exllama", "ipex"):
+            self.format = "gemm"
+        elif fmt == "marlin":
+            raise NotImplementedError(
+                "awq_inductor: AWQ version 'marlin' checkpoints (symmetric, Marlin tile layout) are not "
+                f"supported; supported versions: {', '.join(AWQ_FORMATS)} (and exllama/ipex, stored as gemm)")
+        super().post_init()
+        if str(getattr(self.format, "value", self.format)) == "llm-awq":
+            self._awq_inductor_format = "gemv_fast"
+
+
+class _InductorQuantizer(HfQuantizer):
+    """What AWQ and GPTQ loading share: placeholders before loading, header checks, convert after."""
+
+    requires_calibration = True
+
+    def validate_environment(self, *args, **kwargs):
+        cfg = self.quantization_config
+        if getattr(cfg, "bits", 4) != 4:
+            raise NotImplementedError(f"awq_inductor: only 4-bit checkpoints are supported, got bits={cfg.bits}")
+
+    def update_device_map(self, device_map):
+        return device_map
+
+    def is_serializable(self):
+        return True
+
+    @property
+    def is_trainable(self):
+        return False
+
+    @property
+    def is_compileable(self):
+        return True
+
+    # -- subclass hooks --
+    def checkpoint_format(self) -> str:
+        raise NotImplementedError
+
+    def _process_model_before_weight_loading(self, model, **kwargs):
+        cfg = self.quantization_config
+        fmt = self.checkpoint_format()
+        skip = self.get_modules_to_not_convert(model, getattr(cfg, "modules_to_not_convert", None),
+                                               getattr(model, "_keep_in_fp32_modules", None), add_default_skips=True)
+        self.modules_to_not_convert = skip
+        header = read_checkpoint_header(kwargs.get("checkpoint_files"))
+        names = set()
+        for name, _ in model.named_modules():
+            names.add(name)
+        prefix = getattr(model, "base_model_prefix", "") or ""
+        hkeys = {}
+        if header is not None:
+            for k, v in header.items():
+                mod_name, _, leaf = k.rpartition(".")
+                hkeys[f"{_map_key(mod_name, names, prefix)}.{leaf}"] = (k, v)
+        placeholders = {}
+        for name, mod in list(model.named_modules()):
+            if type(mod) is not nn.Linear and not (isinstance(mod, nn.Linear) and type(mod).forward is nn.Linear.forward):
+                continue
+            if not should_convert_module(name, skip):
+                continue
+            if header is not None and f"{name}.qweight" not in hkeys and f"{name}.weight" in hkeys:
+                continue  # stored unquantized (e.g. a router listed nowhere): load as nn.Linear
+            dtypes = {}
+            has_gidx = False
+            if header is not None:
+                for t in ("qweight", "qzeros", "scales", "bias", "g_idx"):
+                    if f"{name}.{t}" in hkeys and hkeys[f"{name}.{t}"][1][1] is not None:
+                        dtypes[t] = hkeys[f"{name}.{t}"][1][1]
+                has_gidx = f"{name}.g_idx" in hkeys
+            with torch.device("meta"):
+                ph = CheckpointInt4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
+                                          group_size=cfg.group_size, format=fmt, dtypes=dtypes, g_idx=has_gidx)
+            model.set_submodule(name, ph)
+            placeholders[name] = ph
+        if not placeholders:
+            raise CheckpointError("awq_inductor: no nn.Linear module of this model is quantized "
+                                  f"(modules_to_not_convert={sorted(skip)})")
+        act_modules = self._wrap_act_scales(model, header is not None and hkeys)
+        if header is not None:
+            self._check_header(model, hkeys, placeholders, act_modules)
+
+    def _wrap_act_scales(self, model, hkeys):
+        mt = getattr(model.config, "model_type", None)
+        if mt not in ACT_SCALES_MAPPINGS:
+            return set()
+        act_name, before_name = ACT_SCALES_MAPPINGS[mt]
+        wrapped = set()
+        for name, mod in list(model.named_modules()):
+            act = getattr(mod, act_name, None) if isinstance(mod, nn.Module) else None
+            before = getattr(mod, before_name, None)
+            if act is None or before is None or not isinstance(act, nn.Module) or isinstance(act, ScaledActivation):
+                continue
+            full = f"{name}.{act_name}" if name else act_name
+            if hkeys and f"{full}.scales" not in hkeys:
+                continue  # this checkpoint has no act scales here
+            dt = hkeys[f"{full}.scales"][1][1] if hkeys else torch.float16
+            with torch.device("meta"):
+                mod._modules[act_name] = ScaledActivation(act, before.out_features, dtype=dt or torch.float16)
+            wrapped.add(full)
+        return wrapped
+
+    def _check_header(self, model, hkeys, placeholders, act_modules):
+        problems = []
+        unexpected = []
+        for mkey, (ckey, (shape, dt)) in hkeys.items():
+            mod_name, _, leaf = mkey.rpartition(".")
+            if leaf not in _QUANT_SUFFIXES:
+                continue
+            if mod_name in placeholders or (leaf == "scales" and mod_name in act_modules):
+                continue
+            unexpected.append(ckey)
+        if unexpected:
+            moe = [k for k in unexpected if re.search(r"\.experts\.\d+\.", k)]
+            hint = (" Per-expert MoE weights: transformers 5.x merges experts into 3-D tensors that are not "
+                    "linear layers, so these cannot be loaded as int4 linears." if moe else "")
+            raise CheckpointError(
+                f"awq_inductor: {len(unexpected)} quantized checkpoint tensors have no int4 linear module to "
+                f"load into and would be dropped (leaving layers randomly initialised): {_fmt_list(unexpected)}.{hint}")
+        for name, ph in placeholders.items():
+            exp = checkpoint_shapes(ph.format, ph.in_features, ph.out_features, ph.group_size)
+            if ph.bias is not None:
+                exp["bias"] = ((ph.out_features,), None)
+            for t, (shape, _) in exp.items():
+                key = f"{name}.{t}"
+                if key not in hkeys:
+                    problems.append(f"{key}: missing from the checkpoint")
+                elif tuple(hkeys[key][1][0]) != tuple(shape):
+                    problems.append(f"{hkeys[key][0]}: expected shape {list(shape)} for format "
+                                    f"{ph.format!r}, got {list(hkeys[key][1][0])}")
+        if problems:
+            raise CheckpointError("awq_inductor: checkpoint does not match the model "
+                                  f"({len(problems)} problems): " + "; ".join(problems[:12]))
+
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        not_loaded = [k for k, v in model.state_dict(keep_vars=True).items()
+                      if not getattr(v, "_is_hf_initialized", False)]
+        # tied weights share the tensor of their source, which carries the mark
+        if not_loaded:
+            raise CheckpointError(
+                f"awq_inductor: {len(not_loaded)} model tensors were not found in the checkpoint and would be "
+                f"randomly initialised: {_fmt_list(not_loaded)}")
+        transform.convert(model, act_quant=_state["act_quant"])
+        return model
+
+    def get_state_dict_and_metadata(self, model):
+        return transform.checkpoint_state_dict(model, self.checkpoint_format()), {}
+
+
+class AwqInductorQuantizer(_InductorQuantizer):
+    """AWQ (gemm / gemv / gemv_fast) on CPU through awq_inductor."""
+
+    def validate_environment(self, *args, **kwargs):
+        super().validate_environment(*args, **kwargs)
+        cfg = self.quantization_config
+        if not getattr(cfg, "zero_point", True):
+            raise NotImplementedError("awq_inductor: AWQ checkpoints without zero_point are not supported")
+
+    def checkpoint_format(self):
+        cfg = self.quantization_config
+        fmt = getattr(cfg, "_awq_inductor_format", None) or str(getattr(cfg.format, "value", cfg.format)).lower()
+        if fmt == "llm-awq":
+            fmt = "gemv_fast"
+        if fmt not in AWQ_FORMATS:
+            raise NotImplementedError(f"awq_inductor: AWQ version {fmt!r} is not supported; supported: {AWQ_FORMATS}")
+        return fmt
+
+
+class GptqInductorQuantizer(_InductorQuantizer):
+    """GPTQ (desc_act=False, checkpoint_format gptq / gptq_v2) on CPU through awq_inductor."""
+
+    def __init__(self, quantization_config, **kwargs):
+        HfQuantizer.__init__(self, quantization_config, **kwargs)
+        if not self.pre_quantized:
+            raise NotImplementedError("awq_inductor: only loading pre-quantized GPTQ checkpoints is supported")
+
+    def validate_environment(self, *args, **kwargs):
+        super().validate_environment(*args, **kwargs)
+        if getattr(self.quantization_config, "desc_act", False):
+            raise NotImplementedError("awq_inductor: GPTQ act-order (desc_act=True) checkpoints are not supported")
+        self.checkpoint_format()
+
+    def checkpoint_format(self):
+        fmt = str(getattr(self.quantization_config, "format", "gptq")).lower()
+        if fmt not in GPTQ_FORMATS:
+            raise NotImplementedError(f"awq_inductor: GPTQ checkpoint_format {fmt!r} is not supported; "
+                                      f"supported: {GPTQ_FORMATS}")
+        return fmt
+
+
+def patch_transformers(act_quant: Optional[str] = None) -> None:
+    """Make transformers 5.x load AWQ and GPTQ int4 checkpoints on CPU into awq_inductor modules.
+
+    Idempotent. ``act_quant`` picks the scheme every loaded int4 linear (and fused SiLU-gated MLP)
+    is packed for: ``None`` (W4A16: bf16/fp16/fp32 activations) or ``"int8"`` (W4A8: activations
+    quantized per token to int8 inside the kernel).
+    """
+    scheme_for(act_quant)  # validates the choice
+    major = int(transformers.__version__.split(".")[0])
+    if major != 5:
+        raise RuntimeError(f"awq_inductor needs transformers 5.x, found {transformers.__version__}")
+    qauto.AUTO_QUANTIZER_MAPPING["awq"] = AwqInductorQuantizer
+    qauto.AUTO_QUANTIZER_MAPPING["gptq"] = GptqInductorQuantizer
+    qauto.AUTO_QUANTIZATION_CONFIG_MAPPING["awq"] = AwqConfig
+    _state["act_quant"] = act_quant

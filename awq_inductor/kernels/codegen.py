@@ -1,0 +1,120 @@
+"""C++ source of the kernels, rendered from ``csrc_templates/`` (installed as
+``awq_inductor.csrc_templates``) for one scheme, ISA and activation dtype.
+
+    render_header(scheme, isa, x_dtype)  runtime/ (base, amx, driver) + the scheme's plan and driver
+                                         + the micro-kernels the scheme lists for the ISA
+    render_eager(scheme, isa, x_dtype)   entry/eager.cpp.j2 around the header: one extern "C"
+                                         entry point per op of the scheme (kernels/native.py)
+
+The Inductor lowering renders entry/inductor.cpp.j2 around the same header. A generated text
+changes whenever a template does, so compile caches keyed by source stay correct. No
+torch._inductor imports here.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from importlib import resources
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import jinja2
+import torch
+
+from .. import config
+from ..schemes import OP_SPECS, OPS, Scheme
+from . import isa as isa_mod
+
+#: Rows / columns of the fp32 accumulator tile handed to ``store`` (``AWQ_TILE_M`` / ``AWQ_TILE_N``).
+TILE_M = 32
+TILE_N = 64
+
+_CTYPES = {torch.bfloat16: "bfloat16", torch.float16: "half", torch.float32: "float"}
+_RUNTIME = ("runtime/base.h.j2", "runtime/amx.h.j2", "runtime/driver.h.j2")
+
+
+def dtype_name(x_dtype: Union[torch.dtype, str]) -> str:
+    """``bfloat16`` | ``float16`` | ``float32`` (the suffix of the eager entry points)."""
+    name = str(x_dtype).replace("torch.", "")
+    if name not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"x_dtype: expected bfloat16, float16 or float32, got {x_dtype!r}")
+    return name
+
+
+def dtype_ctype(dtype: torch.dtype) -> str:
+    """C type name Inductor's generated code uses for ``dtype`` (``bfloat16``, ``half``, ``float``)."""
+    return _CTYPES[getattr(torch, dtype_name(dtype))]
+
+
+def template_dir():
+    """The C++ templates: the installed package data ``awq_inductor.csrc_templates``, or, when the
+    package runs from a source checkout (e.g. ``python -m awq_inductor`` in the repo root, where
+    ``csrc_templates/`` sits beside ``awq_inductor/``), that top-level folder."""
+    try:
+        return resources.files("awq_inductor.csrc_templates")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "csrc_templates"
+
+
+def _walk(d, prefix: str = "") -> Iterator:
+    for p in sorted(d.iterdir(), key=lambda p: p.name):
+        if p.is_dir():
+            yield from _walk(p, f"{prefix}{p.name}/")
+        elif p.name.endswith(".j2"):
+            yield f"{prefix}{p.name}", p
+
+
+def template_files():
+    """(relative name, path) of every ``*.j2`` template, subfolders included, in name order."""
+    return list(_walk(template_dir()))
+
+
+def _load(name: str) -> str:
+    return template_dir().joinpath(*name.split("/")).read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def env() -> jinja2.Environment:
+    """The Jinja environment of our templates (the Inductor lowering renders its entry with it too)."""
+    return jinja2.Environment(
+        loader=jinja2.FunctionLoader(_load), undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def _render(name: str, **kw) -> str:
+    return env().get_template(name).render(**kw)
+
+
+def templates_hash() -> str:
+    """sha256 over every ``*.j2`` template (relative name and content), in name order."""
+    h = hashlib.sha256()
+    for name, p in template_files():
+        h.update(name.encode())
+        h.update(b"\0")
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def render_header(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
+                  amx_emulate: Optional[bool] = None) -> str:
+    """Runtime + the scheme's plan and driver + the micro-kernels it lists for ``isa``.
+
+    ``config.amx_min_m`` and ``config.panel_min_m`` are baked in (they pick the kernels inside the
+    plan). ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to
+    the scalar tile emulator instead of the ``_tile_*`` intrinsics."""
+    isa = isa_mod.check(isa)
+    emu = isa_mod.amx_emulated(amx_emulate)
+    kw = dict(isa=isa, x_dtype=dtype_name(x_dtype), tile_m=TILE_M, tile_n=TILE_N,
+              amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m), amx_emulate=emu,
+              gcc_target=isa_mod.gcc_target(isa, emu))
+    names = _RUNTIME + (scheme.header,) + scheme.micro[isa]
+    return "\n".join(_render(n, **kw) for n in names)
+
+
+def render_eager(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
+                 amx_emulate: Optional[bool] = None) -> str:
+    """Full translation unit: ``extern "C" <op.c_entry>_<dtype>(...)`` for every op of ``scheme``."""
+    ops = [OPS[scheme.op_prefix + spec.suffix] for spec in OP_SPECS]
+    return _render("entry/eager.cpp.j2", scheme=scheme, ops=ops, isa=isa_mod.check(isa),
+                   x_dtype=dtype_name(x_dtype), header=render_header(scheme, isa, x_dtype, amx_emulate))

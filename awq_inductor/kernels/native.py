@@ -1,0 +1,131 @@
+"""The eager (non-compiled) kernels: render a scheme's ``entry/eager.cpp.j2``, build it once with
+g++, call its entry points through ctypes.
+
+* The ISA is fixed when a kernel is first built (``config.force_isa`` or :func:`isa.select`), never
+  per call; kernels are cached in-process per (op, ISA, dtype, AMX emulation).
+* Shared objects are cached on disk in ``$AWQ_INDUCTOR_CACHE_DIR`` (default
+  ``~/.cache/awq_inductor``) under sha256(source + flags), written atomically (temp + os.replace).
+* A missing compiler or a failed build raises RuntimeError with the compiler output.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Callable, List, Optional
+
+import torch
+
+from .. import config
+from ..schemes import OPS, W4A16, Op
+from . import codegen, isa as isa_mod
+
+_BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
+
+
+def cache_dir() -> str:
+    d = os.environ.get("AWQ_INDUCTOR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if not cxx:
+        raise RuntimeError("awq_inductor: no C++ compiler found (g++ not on PATH and $CXX unset); "
+                           "the int4 kernels are compiled at first use")
+    return cxx
+
+
+def build(source: str, flags: List[str], name: str = "awq_int4_mm") -> str:
+    """Compile ``source`` into a shared object (cached on disk); return its path."""
+    cxx = _compiler()
+    all_flags = _BASE_FLAGS + list(flags)
+    key = hashlib.sha256((source + "\0" + " ".join(all_flags) + "\0" + cxx).encode()).hexdigest()[:32]
+    d = cache_dir()
+    so = os.path.join(d, f"{name}_{key}.so")
+    if os.path.exists(so):
+        return so
+    fd, tmp_cpp = tempfile.mkstemp(suffix=".cpp", prefix=f"{name}_{key}_", dir=d)
+    tmp_so = tmp_cpp[:-4] + ".so.tmp"
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        cmd = [cxx, *all_flags, tmp_cpp, "-o", tmp_so]
+        try:
+            res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            raise RuntimeError(f"awq_inductor: cannot run the C++ compiler {cxx!r}: {e}") from e
+        if res.returncode != 0:
+            raise RuntimeError(
+                f"awq_inductor: compiling the int4 kernel failed (exit {res.returncode}).\n"
+                f"command: {' '.join(cmd)}\n{res.stdout}")
+        os.replace(tmp_so, so)  # atomic: concurrent builders all produce the same file
+    finally:
+        for p in (tmp_cpp, tmp_so):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+    return so
+
+
+@functools.lru_cache(maxsize=None)
+def _library(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
+    """The shared object of one scheme (all its ops), loaded once and kept alive."""
+    scheme = next(op.scheme for op in OPS.values() if op.scheme.name == scheme_name)
+    if isa == "amx" and not emulate and (scheme is not W4A16 or x_dtype == torch.bfloat16):
+        # the W4A16 AMX path runs for bf16 only; W4A8 uses AMX int8 tiles for any x dtype
+        if not isa_mod.request_amx():
+            raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
+                               "permission (torch.cpu._init_amx() returned False); "
+                               "set awq_inductor.config.force_isa = 'avx512'")
+    src = codegen.render_eager(scheme, isa, x_dtype, emulate)
+    return ctypes.CDLL(build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}"))
+
+
+def _entry(op: Op, isa: str, x_dtype: torch.dtype, emulate: bool):
+    fn = getattr(_library(op.scheme.name, isa, x_dtype, emulate), f"{op.c_entry}_{codegen.dtype_name(x_dtype)}")
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    # x, M, weights..., bias, out, N, K, G, threads
+    fn.argtypes = [vp, i64] + [vp] * len(op.scheme.weights) + [vp, vp, i64, i64, i64, ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
+    fn = _entry(OPS[name], isa, x_dtype, emulate)
+    empty = torch.empty
+
+    def kernel(x, *args):
+        *weights, bias, group_size, out_features = args
+        M, K = x.shape
+        out = empty((M, out_features), dtype=x.dtype)
+        if M:
+            nt = config.num_threads or torch.get_num_threads()
+            fn(x.data_ptr(), M, *(w.data_ptr() for w in weights),
+               bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size, nt)
+        return out
+
+    kernel.isa = isa  # type: ignore[attr-defined]
+    kernel.amx_emulated = emulate  # type: ignore[attr-defined]
+    return kernel
+
+
+def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """The eager kernel of ``awq::<name>`` for activations of ``x_dtype``, built once per
+    (op, ISA, dtype, AMX emulation) and cached. The returned callable takes the op's arguments
+    ``(x, *weights, bias, group_size, out_features)``, already validated (``ops.check_args``),
+    ``x`` contiguous."""
+    isa = isa_mod.select() if isa is None else isa_mod.check(isa)
+    # With config.amx_emulation the AMX micro-kernels run on the scalar tile emulator, so neither
+    # AMX permission nor -mamx flags are needed.
+    emulate = isa == "amx" and isa_mod.amx_emulated()
+    # threads racing to a first call may both build: the on-disk write is atomic and the loader
+    # returns the same library, so no lock is needed
+    return _kernel(name, isa, x_dtype, emulate)

@@ -1,0 +1,160 @@
+"""The kernel contract: one table of quantization schemes x op shapes that every layer reads.
+
+A :class:`Scheme` says how the weights are stored and how activations enter the kernel (W4A16:
+bf16/fp16/fp32 x; W4A8: x quantized per token to int8). An :class:`OpSpec` says what the op
+computes on top of the GEMM (a plain linear, or the gated-MLP gate|up with SiLU(gate) * up). An
+:class:`Op` is one pair of them: ``awq::<scheme.op_prefix><spec.suffix>``.
+
+``ops`` defines the torch ops from :data:`OPS`, ``kernels.codegen`` renders the C++ of a scheme
+(``scheme.header`` + ``scheme.driver``), ``kernels.native`` binds the eager entry points
+(``op.c_entry``), ``inductor.lowering`` registers one lowering per op and ``nn`` packs and calls
+through ``op.pack`` / ``op.unpack`` / ``op.call``. Adding an op shape or a scheme is one entry here
+plus its C++ (a micro-kernel, or an epilogue under ``csrc_templates/epilogues/``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+from . import packing
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """A packed weight tensor: op argument name, dtype, C++ pointer type and kernel input name."""
+
+    name: str
+    dtype: torch.dtype
+    ctype: str
+    kernel_input: str
+
+
+QWEIGHT = Tensor("qweight", torch.uint8, "const uint8_t*", "QW")
+SCALES = Tensor("scales", torch.float32, "const float*", "S")
+ZEROS = Tensor("zeros", torch.uint8, "const uint8_t*", "Z")
+#: W4A8: comp[g, n] = sum_{k in g} (q - z), precomputed for the +128 offset of the u8 activations.
+COMP = Tensor("comp", torch.int32, "const int32_t*", "C")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Scheme:
+    """How weights are stored and activations enter the kernel."""
+
+    name: str                       # "w4a16" | "w4a8"
+    act_quant: Optional[str]        # the user-facing choice: None | "int8"
+    op_prefix: str                  # "int4_mm" | "int4_mm_a8"
+    weights: Tuple[Tensor, ...]     # packed tensors, in op-argument order (after x, before bias)
+    k_per_row: int                  # K values per qweight row (qweight is [Np, K / k_per_row, row_bytes])
+    row_bytes: int
+    group_multiple: int             # group_size must be a multiple of this
+    pack: Callable                  # canonical (q, zeros, scales, G) -> weights
+    unpack: Callable                # (qweight, scales, zeros, N) -> canonical (q, zeros, scales)
+    header: str                     # csrc_templates/schemes/<...>: the scheme's plan for the driver
+    driver: str                     # C++ entry name of the driver for this scheme (golden regions)
+    micro: Dict[str, Tuple[str, ...]]  # ISA -> csrc_templates/micro/<...> it needs (kernels.isa.ISAS)
+    note: str = ""                  # appended to the op name in the generated code's comment
+
+
+W4A16 = Scheme(
+    name="w4a16", act_quant=None, op_prefix="int4_mm", weights=(QWEIGHT, SCALES, ZEROS),
+    k_per_row=2, row_bytes=packing.BLOCK_N, group_multiple=2,
+    pack=packing.pack_for_kernel, unpack=packing.unpack_from_kernel,
+    header="schemes/w4a16.h.j2", driver="int4_mm_driver",
+    micro={"portable": ("micro/portable.h.j2",), "avx512": ("micro/avx512.h.j2",),
+           "amx": ("micro/avx512.h.j2", "micro/amx_bf16.h.j2")})
+W4A8 = Scheme(
+    name="w4a8", act_quant="int8", op_prefix="int4_mm_a8", weights=(QWEIGHT, SCALES, ZEROS, COMP),
+    k_per_row=4, row_bytes=2 * packing.BLOCK_N, group_multiple=packing.A8_KSTEP,
+    pack=packing.pack_for_int8_kernel, unpack=packing.unpack_from_int8_kernel,
+    header="schemes/w4a8.h.j2", driver="int4_mm_a8_driver", note=" (W4A8, per-token int8 x)",
+    micro={"portable": (), "avx512": ("micro/vnni_int8.h.j2",),
+           "amx": ("micro/vnni_int8.h.j2", "micro/amx_int8.h.j2")})
+SCHEMES: Dict[Optional[str], Scheme] = {s.act_quant: s for s in (W4A16, W4A8)}
+#: The ``act_quant`` values modules, the model pass and the transformers patch accept.
+ACT_QUANT_CHOICES = tuple(SCHEMES)
+
+
+def scheme_for(act_quant: Optional[str]) -> Scheme:
+    """The scheme of an ``act_quant`` choice; ValueError naming the choices otherwise."""
+    if act_quant not in SCHEMES:
+        raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
+    return SCHEMES[act_quant]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """What the op computes on top of the GEMM."""
+
+    name: str                       # "linear" | "gate_up_silu"
+    suffix: str                     # op-name suffix: "" | "_silu_mul"
+    columns_per_output: int         # packed weight columns per output column (gate|up: 2)
+    epilogue: Optional[str] = None  # csrc_templates/epilogues/<...> applied to each fp32 tile
+
+
+LINEAR = OpSpec("linear", "", 1)
+#: Gate and up in interleaved 32-column panels (packing.interleave_gate_up): every 64-column driver
+#: tile is one gate + one up panel, and the epilogue writes silu(gate) * up, 32 outputs.
+GATE_UP_SILU = OpSpec("gate_up_silu", "_silu_mul", 2, epilogue="epilogues/silu_mul.h.j2")
+OP_SPECS = (LINEAR, GATE_UP_SILU)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Op:
+    """``awq::<name>(x, *weights, bias, group_size, out_features) -> [M, out_features]``."""
+
+    scheme: Scheme
+    spec: OpSpec
+
+    @property
+    def name(self) -> str:
+        return self.scheme.op_prefix + self.spec.suffix
+
+    @property
+    def c_entry(self) -> str:
+        """Prefix of the eager ``extern "C"`` entry point (``_<dtype>`` follows)."""
+        return "awq_" + self.name
+
+    @property
+    def schema(self) -> str:
+        weights = ", ".join(f"Tensor {w.name}" for w in self.scheme.weights)
+        return f"(Tensor x, {weights}, Tensor? bias, int group_size, int out_features) -> Tensor"
+
+    @property
+    def torch_op(self):
+        """``torch.ops.awq.<name>`` (defined by :mod:`awq_inductor.ops`)."""
+        return getattr(torch.ops.awq, self.name)
+
+    def columns(self, out_features: int) -> int:
+        """Packed weight columns (the driver's N) for ``out_features`` outputs."""
+        return self.spec.columns_per_output * out_features
+
+    def pack(self, q, zeros, scales, group_size: int, out_features: int):
+        """Canonical (rows in [gate ; up] order for the gate|up op) -> the packed weights."""
+        if self.spec.columns_per_output == 2:
+            q, zeros, scales = (packing.interleave_gate_up(t, out_features) for t in (q, zeros, scales))
+        return self.scheme.pack(q, zeros, scales, group_size)
+
+    def unpack(self, qweight, scales, zeros, out_features: int):
+        """Inverse of :meth:`pack` (W4A8's ``comp`` is derived, not needed)."""
+        q, z, s = self.scheme.unpack(qweight, scales, zeros, self.columns(out_features))
+        if self.spec.columns_per_output == 2:
+            q, z, s = (packing.deinterleave_gate_up(t, out_features) for t in (q, z, s))
+        return q, z, s
+
+    def pack_bias(self, bias: torch.Tensor, out_features: int) -> torch.Tensor:
+        bias = bias.detach().to(torch.float32)
+        return packing.interleave_gate_up(bias, out_features) if self.spec.columns_per_output == 2 else bias
+
+    def unpack_bias(self, bias: Optional[torch.Tensor], out_features: int) -> Optional[torch.Tensor]:
+        if bias is None or self.spec.columns_per_output == 1:
+            return bias
+        return packing.deinterleave_gate_up(bias, out_features)
+
+
+OPS: Dict[str, Op] = {op.name: op for op in (Op(s, spec) for s in (W4A16, W4A8) for spec in OP_SPECS)}
+
+
+def op_for(act_quant: Optional[str], spec: OpSpec) -> Op:
+    return OPS[scheme_for(act_quant).op_prefix + spec.suffix]

@@ -1,0 +1,52 @@
+"""The state-dict round trip: a converted model written back in its checkpoint format.
+
+Every :class:`AWQLinear` / :class:`AWQGateUpSiluMul` is unpacked to canonical form and packed into
+the format recorded in its ``awq_source`` (``formats.pack_awq`` / ``pack_gptq``) under the
+original module names; fused modules are split again. ``save_pretrained`` uses it, so a saved
+folder loads like the original one (through our transformers patch or any other AWQ/GPTQ loader).
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+from torch import nn
+
+from .. import formats
+from ..nn import AWQGateUpSiluMul, AWQLinear
+
+
+def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dict[str, torch.Tensor]:
+    """``model.state_dict()`` with every AWQLinear written back in its checkpoint format under the
+    original module names (fused modules split again). Used by ``save_pretrained``."""
+    sd = model.state_dict()
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (AWQLinear, AWQGateUpSiluMul)):
+            continue
+        prefix = f"{name}." if name else ""
+        for t in ("qweight", "scales", "zeros", "comp", "bias"):
+            sd.pop(prefix + t, None)
+        src = getattr(mod, "awq_source", None) or {}
+        fmt = src.get("format") or default_format
+        sdt = src.get("scales_dtype") or torch.float16
+        bdt = src.get("bias_dtype") or sdt
+        parent = name.rpartition(".")[0]
+        parts = src.get("parts") or [(name.rpartition(".")[2], getattr(mod, "gate_up_features", mod.out_features),
+                                      mod.bias is not None)]
+        q, z, s = mod.canonical()  # AWQGateUpSiluMul: [gate ; up] order, like the fused AWQLinear
+        bias = mod.canonical_bias()
+        off = 0
+        for part, n, has_bias in parts:
+            pname = f"{parent}.{part}" if parent else part
+            sl = slice(off, off + n)
+            qi, zi, si = q[sl].contiguous(), z[sl].contiguous(), s[sl].to(sdt).contiguous()
+            if fmt.startswith("gptq"):
+                qw, qz, sc = formats.pack_gptq(qi, zi, si, mod.group_size, format=fmt)
+                sd[f"{pname}.g_idx"] = (torch.arange(mod.in_features, dtype=torch.int32) // mod.group_size)
+            else:
+                qw, qz, sc = formats.pack_awq(qi, zi, si, group_size=mod.group_size, format=fmt)
+            sd[f"{pname}.qweight"], sd[f"{pname}.qzeros"], sd[f"{pname}.scales"] = qw, qz, sc
+            if has_bias:
+                sd[f"{pname}.bias"] = bias[sl].to(bdt).contiguous()
+            off += n
+    return sd
