@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .modules import AWQGateUpSiluMul, AWQLinear
+from .nn import AWQGateUpSiluMul, AWQLinear
 
 ATEN_GROUP_SIZES = (32, 64, 128, 256)
 

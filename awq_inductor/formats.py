@@ -41,6 +41,7 @@ __all__ = [
     "FORMATS",
     "GPTQ_FORMATS",
     "calculate_zeros_width",
+    "check_canonical",
     "checkpoint_shapes",
     "infer_shape",
     "pack_awq",
@@ -140,16 +141,19 @@ def resolve_group_size(group_size: int, in_features: int) -> int:
     return group_size
 
 
-def _check_canonical(q, zeros, scales, group_size) -> Tuple[int, int, int]:
-    """Validate canonical (q, zeros, scales); return (N, K, G)."""
+def check_canonical(q, zeros, scales, group_size, *, values: bool = True) -> Tuple[int, int, int]:
+    """Validate canonical (q, zeros, scales); return (N, K, G). ``values``: also check that q and
+    zeros fit in 4 bits (a full pass over q: the checkpoint packers need it, the kernel packers,
+    fed by an unpacker, do not)."""
     _check("q", q, torch.uint8, None)
     N, K = q.shape
     G = resolve_group_size(group_size, K)
     ng = K // G
     _check("zeros", zeros, torch.uint8, (N, ng))
     _check("scales", scales, "float", (N, ng))
-    _check_int4_range("q", q)
-    _check_int4_range("zeros", zeros)
+    if values:
+        _check_int4_range("q", q)
+        _check_int4_range("zeros", zeros)
     return N, K, G
 
 
@@ -196,7 +200,7 @@ def unpack_gemm(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
 
 def pack_gemm(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int):
     """Canonical -> AutoAWQ GEMM (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales [K/G, N])."""
-    N, K, G = _check_canonical(q, zeros, scales, group_size)
+    N, K, G = check_canonical(q, zeros, scales, group_size)
     _check_divisible("out_features", N, 8, "GEMM packs 8 output columns per int32")
     order = torch.tensor(AWQ_ORDER, device=q.device)
 
@@ -248,7 +252,7 @@ def unpack_gemv(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tenso
 
 def pack_gemv(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int):
     """Canonical -> AutoAWQ GEMV, re-creating the zero padding of qzeros and scales."""
-    N, K, G = _check_canonical(q, zeros, scales, group_size)
+    N, K, G = check_canonical(q, zeros, scales, group_size)
     _check_divisible("in_features", K, 8, "GEMV packs 8 input channels per int32")
     ng = K // G
     zw = calculate_zeros_width(K, G)
@@ -312,7 +316,7 @@ def pack_gemv_fast(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g
     As in WQLinear_GEMVFast.from_linear: qzeros = -(s.float() * z).to(s.dtype) on the real
     groups and +0.0 in the padding groups; scales padded with zeros.
     """
-    N, K, G = _check_canonical(q, zeros, scales, group_size)
+    N, K, G = check_canonical(q, zeros, scales, group_size)
     _check_gemv_fast_dims(N, K)
     ng = K // G
     zw = calculate_zeros_width(K, G)
@@ -385,7 +389,7 @@ def pack_gptq(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_
     The matching g_idx for desc_act=False is ``torch.arange(K) // G``.
     """
     fmt = _check_gptq_format(format)
-    N, K, G = _check_canonical(q, zeros, scales, group_size)
+    N, K, G = check_canonical(q, zeros, scales, group_size)
     _check_divisible("in_features", K, 8, "GPTQ packs 8 input channels per int32")
     _check_divisible("out_features", N, 8, "GPTQ qzeros pack 8 output columns per int32")
     nib = q.reshape(N, K // 8, 8).permute(1, 0, 2).reshape(K // 8, N * 8)

@@ -18,7 +18,7 @@ Kernel layout (``pack_for_kernel``), N padded to ``BLOCK_N`` = 32 columns per pa
     zeros   uint8   [K/G, Npad]     integer zeros kept, so (q - z) is exact
 Padded columns have q = 0, z = 0, s = 0 and so contribute exactly zero.
 
-Fused gate|up layout (``pack_gate_up_for_kernel``, for ``awq::int4_mm_silu_mul``): the canonical
+Fused gate|up layout (``schemes.GATE_UP_SILU``, for ``awq::int4_mm_silu_mul``): the canonical
 [gate (I rows) ; up (I rows)] weight of a gated MLP, I % 32 == 0, with its rows reordered so that
 the 32-column panels alternate: panel 2p = gate columns 32p..32p+31, panel 2p+1 = up columns
 32p..32p+31 (``interleave_gate_up``; the same reorder applies to zeros, scales and the fp32 bias).
@@ -29,22 +29,17 @@ from __future__ import annotations
 
 import torch
 
+from . import formats
+
 BLOCK_N = 32
 
 
-def _check_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> None:
-    if q.dtype != torch.uint8 or q.dim() != 2:
-        raise ValueError(f"q: expected a uint8 [N, K] tensor, got {q.dtype} {list(q.shape)}")
-    N, K = q.shape
-    if group_size <= 0 or K % group_size != 0:
-        raise ValueError(f"group_size: expected a positive divisor of K={K}, got {group_size}")
-    if group_size % 2 != 0:
-        raise ValueError(f"group_size: expected an even group size, got {group_size}")
-    G = K // group_size
-    if zeros.dtype != torch.uint8 or tuple(zeros.shape) != (N, G):
-        raise ValueError(f"zeros: expected uint8 [{N}, {G}], got {zeros.dtype} {list(zeros.shape)}")
-    if not scales.is_floating_point() or tuple(scales.shape) != (N, G):
-        raise ValueError(f"scales: expected a float [{N}, {G}] tensor, got {scales.dtype} {list(scales.shape)}")
+def _check_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> int:
+    """formats.check_canonical plus the kernels' even group size; returns G."""
+    _, _, G = formats.check_canonical(q, zeros, scales, group_size, values=False)
+    if G % 2:
+        raise ValueError(f"group_size: expected an even group size, got {G}")
+    return G
 
 
 def pack_for_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int):
@@ -84,12 +79,6 @@ def dequantize_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     return (q.to(torch.float32) - zk) * sk
 
 
-def dequantize_kernel_layout(qweight, scales, zeros, group_size: int, out_features: int) -> torch.Tensor:
-    """fp32 W [N, K] from the kernel layout (reference and tests only)."""
-    q, z, s = unpack_from_kernel(qweight, scales, zeros, out_features)
-    return dequantize_canonical(q, z, s, group_size)
-
-
 # ---------------------------------------------------------------------------------------------
 # W4A8 layout (``awq::int4_mm_a8``, opt-in ``act_quant="int8"``)
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +107,7 @@ def pack_for_int8_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     overflow (|a_u8 (q - z)| <= 255 * 15 per k, so K-blocks up to 2^31 / 3825 > 500k would fit).
     Needs G % 4 == 0. Padded columns have q = z = 0, s = 0, comp = 0.
     """
-    _check_canonical(q, zeros, scales, group_size)
+    group_size = _check_canonical(q, zeros, scales, group_size)
     if group_size % A8_KSTEP:
         raise ValueError(f"group_size: expected a multiple of {A8_KSTEP} for the W4A8 kernel, got {group_size}")
     N, K = q.shape
@@ -152,16 +141,10 @@ def unpack_from_int8_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     return q[:n].contiguous(), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
 
 
-def dequantize_int8_kernel_layout(qweight, scales, zeros, group_size: int, out_features: int) -> torch.Tensor:
-    """fp32 W [N, K] from the W4A8 layout (reference and tests only)."""
-    q, z, s = unpack_from_int8_kernel(qweight, scales, zeros, out_features)
-    return dequantize_canonical(q, z, s, group_size)
-
-
 # ---------------------------------------------------------------------------------------------
 # Fused gate|up layout (``awq::int4_mm_silu_mul``)
 # ---------------------------------------------------------------------------------------------
-def _check_gate_up(n: int, intermediate_size: int, what: str) -> None:
+def check_gate_up_rows(n: int, intermediate_size: int, what: str) -> None:
     if intermediate_size <= 0 or intermediate_size % BLOCK_N:
         raise ValueError(f"intermediate_size: expected a positive multiple of {BLOCK_N}, got {intermediate_size}")
     if n != 2 * intermediate_size:
@@ -172,7 +155,7 @@ def interleave_gate_up(t: torch.Tensor, intermediate_size: int) -> torch.Tensor:
     """Rows [gate (I) ; up (I)] -> 32-row panels interleaved: gate 0..31, up 0..31, gate 32..63, ...
 
     Works on any tensor whose first dim is 2I (q [2I, K], zeros/scales [2I, K/G], bias [2I])."""
-    _check_gate_up(t.shape[0], intermediate_size, "t")
+    check_gate_up_rows(t.shape[0], intermediate_size, "t")
     rest = tuple(t.shape[1:])
     v = t.reshape(2, intermediate_size // BLOCK_N, BLOCK_N, *rest).transpose(0, 1)
     return v.reshape(2 * intermediate_size, *rest).contiguous()
@@ -180,46 +163,7 @@ def interleave_gate_up(t: torch.Tensor, intermediate_size: int) -> torch.Tensor:
 
 def deinterleave_gate_up(t: torch.Tensor, intermediate_size: int) -> torch.Tensor:
     """Inverse of :func:`interleave_gate_up`: interleaved panels -> rows [gate ; up]."""
-    _check_gate_up(t.shape[0], intermediate_size, "t")
+    check_gate_up_rows(t.shape[0], intermediate_size, "t")
     rest = tuple(t.shape[1:])
     v = t.reshape(intermediate_size // BLOCK_N, 2, BLOCK_N, *rest).transpose(0, 1)
     return v.reshape(2 * intermediate_size, *rest).contiguous()
-
-
-def pack_gate_up_for_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
-                            intermediate_size: int):
-    """Canonical [gate ; up] (q [2I, K], zeros/scales [2I, K/G]) -> kernel (qweight, scales_f32,
-    zeros_u8) with gate and up panels interleaved (see module doc). I % 32 == 0."""
-    _check_canonical(q, zeros, scales, group_size)
-    _check_gate_up(q.shape[0], intermediate_size, "q")
-    I = intermediate_size
-    return pack_for_kernel(interleave_gate_up(q, I), interleave_gate_up(zeros, I),
-                           interleave_gate_up(scales, I), group_size)
-
-
-def unpack_gate_up_from_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                               intermediate_size: int):
-    """Inverse of :func:`pack_gate_up_for_kernel`: -> canonical [gate ; up] (q, zeros, scales fp32)."""
-    q, z, s = unpack_from_kernel(qweight, scales, zeros, 2 * intermediate_size)
-    I = intermediate_size
-    return deinterleave_gate_up(q, I), deinterleave_gate_up(z, I), deinterleave_gate_up(s, I)
-
-
-def pack_gate_up_for_int8_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int,
-                                 intermediate_size: int):
-    """W4A8 twin of :func:`pack_gate_up_for_kernel` (``awq::int4_mm_a8_silu_mul``): canonical
-    [gate ; up] -> (qweight, scales_f32, zeros_u8, comp_i32) of :func:`pack_for_int8_kernel` with the
-    same 32-column gate/up panel interleave (``comp`` follows its columns). I % 32 == 0."""
-    _check_canonical(q, zeros, scales, group_size)
-    _check_gate_up(q.shape[0], intermediate_size, "q")
-    I = intermediate_size
-    return pack_for_int8_kernel(interleave_gate_up(q, I), interleave_gate_up(zeros, I),
-                                interleave_gate_up(scales, I), group_size)
-
-
-def unpack_gate_up_from_int8_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                                    intermediate_size: int):
-    """Inverse of :func:`pack_gate_up_for_int8_kernel`: -> canonical [gate ; up] (q, zeros, scales fp32)."""
-    q, z, s = unpack_from_int8_kernel(qweight, scales, zeros, 2 * intermediate_size)
-    I = intermediate_size
-    return deinterleave_gate_up(q, I), deinterleave_gate_up(z, I), deinterleave_gate_up(s, I)

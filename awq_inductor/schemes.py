@@ -133,6 +133,7 @@ class Op:
     def pack(self, q, zeros, scales, group_size: int, out_features: int):
         """Canonical (rows in [gate ; up] order for the gate|up op) -> the packed weights."""
         if self.spec.columns_per_output == 2:
+            packing.check_gate_up_rows(q.shape[0], out_features, "q")
             q, zeros, scales = (packing.interleave_gate_up(t, out_features) for t in (q, zeros, scales))
         return self.scheme.pack(q, zeros, scales, group_size)
 

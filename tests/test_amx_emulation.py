@@ -8,6 +8,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
+from helpers import op_args
 from awq_inductor import config as awq_config
 from awq_inductor import ops, packing
 
@@ -22,12 +23,7 @@ def _clean(inductor_clean):
 
 
 def _weights(N, K, G, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = torch.randn(N, K // G, generator=g) * 0.02
-    b = torch.randn(N, generator=g)
-    return (*packing.pack_for_kernel(q, z, s, G), b, G, N)
+    return op_args("int4_mm", N, K, G, seed=seed)
 
 
 def _check(out, ref):

@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
+from helpers import op_args
 from awq_inductor import inductor, packing
 from awq_inductor.inductor import lowering
 
@@ -20,12 +21,7 @@ _seed = [99]
 
 def weights(N=64, K=128, G=32):
     _seed[0] += 1
-    g = torch.Generator().manual_seed(_seed[0])
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = torch.rand(N, K // G, generator=g) * 0.05
-    qw, sc, zr = packing.pack_for_kernel(q, z, s, G)
-    return (qw, sc, zr, None, G, N)
+    return op_args("int4_mm", N, K, G, bias=False, seed=_seed[0], scale=0.05, signed=False)
 
 
 def ref(x, w):

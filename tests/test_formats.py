@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from safetensors.torch import load_file
 
+from helpers import random_canonical
 from awq_inductor import formats as F
 from awq_inductor import packing
 
@@ -45,12 +46,7 @@ def _dequant(q, z, s, G):
 
 
 def _random_canonical(N, K, G, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    ng = K // G
-    q = torch.randint(0, 16, (N, K), generator=gen, dtype=torch.uint8)
-    z = torch.randint(0, 16, (N, ng), generator=gen, dtype=torch.uint8)
-    s = (torch.rand((N, ng), generator=gen) * 0.05 + 1e-4).to(dtype)
-    return q, z, s
+    return random_canonical(N, K, G, dtype, seed, scale=0.05, signed=False)
 
 
 # --------------------------------------------------------------------------- AutoAWQ vectors

@@ -168,7 +168,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
         """awq::int4_mm_silu_mul: driver N = 2I interleaved gate|up columns, silu(g) * u into a local
         [TILE_M, 32] tile, then Inductor's store_output (here with a fused residual add)."""
         I = 64
-        w = awq_weights(2 * I, K, G, lambda q, z, s, G: packing.pack_gate_up_for_kernel(q, z, s, G, I),
+        w = awq_weights(2 * I, K, G, lambda q, z, s, G: schemes.OPS["int4_mm_silu_mul"].pack(q, z, s, G, I),
                         seed=8, bias=False, n_out=I)
         x = torch.randn(8, K, dtype=torch.bfloat16)
         r = torch.randn(8, I, dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Loading real (tiny, random) AWQ / GPTQ checkpoints through awq_inductor.hf.patch_transformers."""
+"""Loading real (tiny, random) AWQ / GPTQ checkpoints through awq_inductor.patch_transformers."""
 from __future__ import annotations
 
 import copy

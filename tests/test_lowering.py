@@ -8,6 +8,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
+from helpers import op_args
 from awq_inductor import config as awq_config
 from awq_inductor import inductor, ops, packing
 from awq_inductor.inductor import lowering
@@ -34,12 +35,8 @@ def _eager_op_works() -> bool:
 class W:
     def __init__(self, N, K, G, bias):
         _seed[0] += 1  # fresh weights per compile (the FX cache must never hand back stale ones)
-        g = torch.Generator().manual_seed(_seed[0])
-        q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-        z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-        s = torch.rand(N, K // G, generator=g) * (2.0 / K ** 0.5) + 1e-3
-        self.qw, self.sc, self.zr = packing.pack_for_kernel(q, z, s, G)
-        self.bias = torch.randn(N, generator=g) if bias else None
+        self.qw, self.sc, self.zr, self.bias, _, _ = op_args(
+            "int4_mm", N, K, G, bias=bias, seed=_seed[0], scale=2.0 / K ** 0.5, signed=False)
         self.N, self.K, self.G = N, K, G
 
     @property
@@ -224,7 +221,7 @@ def test_symbolic_k_falls_back_to_extern_call():
         return torch.ops.awq.int4_mm(x, qw, sc, zr, None, 32, 64)
 
     if not _eager_op_works():
-        pytest.skip("eager awq::int4_mm kernel (awq_inductor.native) not available")
+        pytest.skip("eager awq::int4_mm kernel (awq_inductor.kernels.native) not available")
     for t in args:  # weights as graph inputs with symbolic shapes: K = 2 * qweight.shape[1] is symbolic
         for d in range(t.dim()):
             torch._dynamo.maybe_mark_dynamic(t, d)

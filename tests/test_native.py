@@ -1,10 +1,11 @@
-"""Eager native kernel (awq_inductor.native) against the fp32 reference, for every ISA this CPU runs."""
+"""Eager native kernels (awq_inductor.kernels.native) against the fp32 reference, for every ISA this CPU runs."""
 import os
 import random
 
 import pytest
 import torch
 
+from helpers import op_args
 from awq_inductor import config, ops, packing, schemes
 from awq_inductor.kernels import codegen, native
 from awq_inductor.kernels import isa as isa_mod
@@ -25,13 +26,8 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def _make(M, K, N, G, bias, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = torch.randn(N, K // G, generator=g) * 0.02  # signed scales
-    qw, sp, zp = packing.pack_for_kernel(q, z, s, G)
-    b = torch.randn(N, generator=g) if bias else None
-    x = torch.randn(M, K, generator=g).to(dtype)  # signed activations
+    qw, sp, zp, b, _, _ = op_args("int4_mm", N, K, G, bias=bias, seed=seed)  # signed scales
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)  # signed activations
     return x, qw, sp, zp, b
 
 
@@ -166,12 +162,8 @@ emu = pytest.mark.skipif(not _EMU_OK, reason="needs AVX512-BF16 (dequant / tail 
 
 
 def _make_canonical(M, K, N, G, bias, seed):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = torch.randn(N, K // G, generator=g) * 0.02
-    b = torch.randn(N, generator=g) if bias else None
-    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    _, (q, z, s, b) = op_args("int4_mm", N, K, G, bias=bias, seed=seed, canonical=True)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(seed + 1)).to(torch.bfloat16)
     return x, q, z, s, b
 
 

@@ -3,15 +3,11 @@ import time
 import pytest
 import torch
 
+from helpers import random_canonical
 from awq_inductor import packing
 
 
-def _canonical(N, K, G, scale_dtype=torch.float16, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = (torch.randn(N, K // G, generator=g) * 0.02).to(scale_dtype)
-    return q, z, s
+_canonical = random_canonical
 
 
 @pytest.mark.parametrize("N,K,G,sdt", [
@@ -37,7 +33,7 @@ def test_round_trip(N, K, G, sdt):
         assert torch.all(sp[:, N:] == 0) and torch.all(zp[:, N:] == 0)
         q_all = packing.unpack_from_kernel(qw, sp, zp, np_ * 32)[0]
         assert torch.all(q_all[N:] == 0)
-    w = packing.dequantize_kernel_layout(qw, sp, zp, G, N)
+    w = packing.dequantize_canonical(*packing.unpack_from_kernel(qw, sp, zp, N), G)
     ref = (q.float() - z.float().repeat_interleave(G, 1)) * s.float().repeat_interleave(G, 1)
     assert torch.equal(w, ref)
 

@@ -7,8 +7,10 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
+from helpers import op_args
 from awq_inductor import config as awq_config
 from awq_inductor import ops, packing, testing
+from awq_inductor.schemes import OPS
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear
 
 AVX512_OK = bool(torch.cpu._is_avx512_supported() and torch.cpu._is_avx512_bf16_supported())
@@ -17,13 +19,8 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
 def make(I, K, G, bias, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (2 * I, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (2 * I, K // G), dtype=torch.uint8, generator=g)
-    s = torch.randn(2 * I, K // G, generator=g) * 0.02
-    qw, sc, zr = packing.pack_gate_up_for_kernel(q, z, s, G, I)
-    b = packing.interleave_gate_up(torch.randn(2 * I, generator=g), I) if bias else None
-    return (qw, sc, zr, b, G, I), (q, z, s)
+    args, (q, z, s, _) = op_args("int4_mm_silu_mul", I, K, G, bias=bias, seed=seed, canonical=True)
+    return args, (q, z, s)
 
 
 def check(y, ref):
@@ -43,7 +40,7 @@ def test_op_matches_reference(isa, dtype):
         for M in (0, 1, 5, 33):
             x = torch.randn(M, 128).to(dtype)
             with awq_config.patch(force_isa=isa):
-                y = ops.int4_mm_silu_mul(x, *args)
+                y = torch.ops.awq.int4_mm_silu_mul(x, *args)
             ref = ops.reference("int4_mm_silu_mul", x, *args)
             check(y, ref)
             # the reference itself: silu(x Wg^T + bg) * (x Wu^T + bu) from the canonical weights
@@ -63,21 +60,21 @@ def test_bad_input_names_tensor():
     (qw, sc, zr, b, G, I), _ = make(64, 64, 32, True)
     x = torch.randn(2, 64)
     with pytest.raises(ValueError, match="out_features: expected a positive multiple of 32"):
-        ops.int4_mm_silu_mul(x, qw, sc, zr, None, G, 48)
+        torch.ops.awq.int4_mm_silu_mul(x, qw, sc, zr, None, G, 48)
     with pytest.raises(ValueError, match=r"qweight: expected 2 panels"):
-        ops.int4_mm_silu_mul(x, qw, sc, zr, None, G, 32)
+        torch.ops.awq.int4_mm_silu_mul(x, qw, sc, zr, None, G, 32)
     with pytest.raises(ValueError, match=r"bias: expected float32 \[128\]"):
-        ops.int4_mm_silu_mul(x, qw, sc, zr, b[:64], G, I)
+        torch.ops.awq.int4_mm_silu_mul(x, qw, sc, zr, b[:64], G, I)
     with pytest.raises(ValueError, match="x: expected last dim K=64"):
-        ops.int4_mm_silu_mul(torch.randn(2, 32), qw, sc, zr, b, G, I)
+        torch.ops.awq.int4_mm_silu_mul(torch.randn(2, 32), qw, sc, zr, b, G, I)
     with pytest.raises(ValueError, match="intermediate_size: expected a positive multiple of 32"):
         packing.interleave_gate_up(torch.zeros(96, 4), 48)
 
 
 def test_packing_round_trip():
     _, (q, z, s) = make(64, 64, 32, False)
-    qw, sc, zr = packing.pack_gate_up_for_kernel(q, z, s, 32, 64)
-    q2, z2, s2 = packing.unpack_gate_up_from_kernel(qw, sc, zr, 64)
+    qw, sc, zr = OPS["int4_mm_silu_mul"].pack(q, z, s, 32, 64)
+    q2, z2, s2 = OPS["int4_mm_silu_mul"].unpack(qw, sc, zr, 64)
     assert torch.equal(q2, q) and torch.equal(z2, z) and torch.equal(s2, s.float())
     # panel 1 of the kernel layout is up rows 0..31
     assert torch.equal(packing.unpack_from_kernel(qw, sc, zr, 128)[0][32:64], q[64:96])
@@ -96,7 +93,7 @@ def test_compiled_fuses_silu_mul_and_residual(clean, isa):
     r = torch.randn(7, 96, dtype=torch.bfloat16)
 
     def f(a, res):
-        return ops.int4_mm_silu_mul(a, *args) + res
+        return torch.ops.awq.int4_mm_silu_mul(a, *args) + res
 
     with awq_config.patch(force_isa=isa):
         out, codes = run_and_get_code(torch.compile(f, fullgraph=True), x, r)
@@ -112,7 +109,7 @@ def test_compiled_fuses_silu_mul_and_residual(clean, isa):
 
 def test_compiled_dynamic_m(clean):
     args, _ = make(64, 64, 32, False, seed=4)
-    f = torch.compile(lambda a: ops.int4_mm_silu_mul(a, *args).float(), fullgraph=True)
+    f = torch.compile(lambda a: torch.ops.awq.int4_mm_silu_mul(a, *args).float(), fullgraph=True)
     for M in (2, 9, 40):
         x = torch.randn(M, 64)
         torch._dynamo.mark_dynamic(x, 0)

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+from helpers import op_args
 from awq_inductor import config, packing, schemes
 from awq_inductor.kernels import codegen, native
 from awq_inductor.kernels import isa as isa_mod
@@ -27,17 +28,11 @@ _FIGURES = {}
 
 
 def make_weights(K, N, G, seed=0, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = torch.randn(N, K // G, generator=g) * 0.02  # signed scales
-    b = torch.randn(N, generator=g) if bias else None
-    return q, z, s, b
+    return op_args("int4_mm_a8", N, K, G, bias=bias, seed=seed, canonical=True)[1]  # signed scales
 
 
 def packed(K, N, G, seed=0, bias=True):
-    q, z, s, b = make_weights(K, N, G, seed, bias)
-    return (*packing.pack_for_int8_kernel(q, z, s, G), b, G, N)
+    return op_args("int4_mm_a8", N, K, G, bias=bias, seed=seed)
 
 
 def rel_err(got, ref):
@@ -235,7 +230,7 @@ def test_e2e_tiny_llama_greedy_matches_w4a16(tmp_path):
 # ---- awq::int4_mm_a8_silu_mul (W4A8 twin of awq::int4_mm_silu_mul) -----------------------------
 def packed_gate_up(K, I, G, seed=0, bias=True):
     q, z, s, b = make_weights(K, 2 * I, G, seed, bias)
-    w = packing.pack_gate_up_for_int8_kernel(q, z, s, G, I)
+    w = schemes.OPS["int4_mm_a8_silu_mul"].pack(q, z, s, G, I)
     return (*w, packing.interleave_gate_up(b, I) if bias else None, G, I), (q, z, s, b)
 
 
@@ -281,7 +276,7 @@ def test_silu_mul_op_vs_reference(isa, dtype):
 
 def test_silu_mul_packing_round_trip_and_opcheck():
     w, (q, z, s, b) = packed_gate_up(128, 64, 32)
-    q2, z2, s2 = packing.unpack_gate_up_from_int8_kernel(w[0], w[1], w[2], 64)
+    q2, z2, s2 = schemes.OPS["int4_mm_a8_silu_mul"].unpack(w[0], w[1], w[2], 64)
     assert torch.equal(q2, q) and torch.equal(z2, z) and torch.equal(s2, s)
     # panel 1 (columns 32..63 of the interleaved weight) is up rows 0..31
     assert torch.equal(packing.unpack_from_int8_kernel(w[0], w[1], w[2], 128)[0][32:64], q[64:96])
@@ -295,7 +290,7 @@ def test_silu_mul_packing_round_trip_and_opcheck():
 def test_silu_mul_bad_inputs():
     (qw, s, z, c, b, G, I), _ = packed_gate_up(128, 64, 32)
     x = torch.randn(2, 128)
-    w16 = packing.pack_gate_up_for_kernel(*make_weights(128, 128, 32)[:3], 32, 64)
+    w16 = schemes.OPS["int4_mm_silu_mul"].pack(*make_weights(128, 128, 32)[:3], 32, 64)
     cases = [
         ((x, qw, s, z, c, b, G, 48), r"out_features: expected a positive multiple of 32 .* got 48"),
         ((x, qw, s, z, c, b, G, 32), r"qweight: expected 2 panels .* got \[4, 32, 64\]"),
