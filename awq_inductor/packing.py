@@ -42,34 +42,46 @@ def _check_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
     return G
 
 
+def _pad_rows(t: torch.Tensor, npad: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, 0, 0, npad - t.shape[0])) if npad > t.shape[0] else t
+
+
+def _pack_panels(q: torch.Tensor, kstep: int) -> torch.Tensor:
+    """q [N, K] -> uint8 [Np, K/kstep, 16 * kstep]: per panel and k-step, the values
+    v[kstep * j + t] = q[32p + j, kstep * kk + t], two per byte: byte[b] = v[b] | v[b + half] << 4."""
+    N, K = q.shape
+    np_ = -(-N // BLOCK_N)
+    v = _pad_rows(q, np_ * BLOCK_N).reshape(np_, BLOCK_N, K // kstep, kstep).permute(0, 2, 1, 3)
+    v = v.reshape(np_, K // kstep, kstep * BLOCK_N)
+    half = kstep * BLOCK_N // 2
+    return (v[..., :half] | (v[..., half:] << 4)).contiguous()
+
+
+def _unpack_panels(qweight: torch.Tensor, kstep: int, out_features: int) -> torch.Tensor:
+    """Inverse of :func:`_pack_panels`: -> q [out_features, K]."""
+    np_, kk, _ = qweight.shape
+    v = torch.cat([qweight & 0xF, qweight >> 4], dim=-1)
+    q = v.reshape(np_, kk, BLOCK_N, kstep).permute(0, 2, 1, 3).reshape(np_ * BLOCK_N, kk * kstep)
+    return q[:out_features].contiguous()
+
+
+def _group_major(t: torch.Tensor, npad: int) -> torch.Tensor:
+    """[N, K/G] -> [K/G, Npad] (one panel's 32 values contiguous), padded columns zero."""
+    return _pad_rows(t, npad).t().contiguous()
+
+
 def pack_for_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int):
     """Canonical (q, zeros, scales) -> kernel (qweight, scales_f32, zeros_u8). See module doc."""
     _check_canonical(q, zeros, scales, group_size)
-    N, K = q.shape
-    np_ = -(-N // BLOCK_N)
-    npad = np_ * BLOCK_N
-    pad = npad - N
-    qp = torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q
-    # [Np, 32, K/2, 2] -> [Np, K/2, 32, 2] -> [Np, K/2, 64]: v[2j + t]
-    v = qp.reshape(np_, BLOCK_N, K // 2, 2).permute(0, 2, 1, 3).reshape(np_, K // 2, 2 * BLOCK_N)
-    qweight = (v[..., :BLOCK_N] | (v[..., BLOCK_N:] << 4)).contiguous()
-    s = scales.to(torch.float32)
-    z = zeros
-    if pad:
-        s = torch.nn.functional.pad(s, (0, 0, 0, pad))
-        z = torch.nn.functional.pad(z, (0, 0, 0, pad))
-    return qweight, s.t().contiguous(), z.t().contiguous()
+    qweight = _pack_panels(q, 2)
+    npad = qweight.shape[0] * BLOCK_N
+    return qweight, _group_major(scales.to(torch.float32), npad), _group_major(zeros, npad)
 
 
 def unpack_from_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, out_features: int):
     """Inverse of :func:`pack_for_kernel`: -> canonical (q [N,K], zeros [N,K/G], scales fp32 [N,K/G])."""
-    np_, kh, bn = qweight.shape
-    lo = qweight & 0xF
-    hi = qweight >> 4
-    v = torch.cat([lo, hi], dim=-1)  # [Np, K/2, 64]
-    q = v.reshape(np_, kh, BLOCK_N, 2).permute(0, 2, 1, 3).reshape(np_ * BLOCK_N, kh * 2)
     n = out_features
-    return q[:n].contiguous(), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
+    return _unpack_panels(qweight, 2, n), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
 
 
 def dequantize_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -111,34 +123,21 @@ def pack_for_int8_kernel(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Ten
     if group_size % A8_KSTEP:
         raise ValueError(f"group_size: expected a multiple of {A8_KSTEP} for the W4A8 kernel, got {group_size}")
     N, K = q.shape
-    np_ = -(-N // BLOCK_N)
-    npad = np_ * BLOCK_N
-    pad = npad - N
-    qp = torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q
-    # [Np, 32, K/4, 4] -> [Np, K/4, 32, 4] -> [Np, K/4, 128]: v[4j + t]
-    v = qp.reshape(np_, BLOCK_N, K // 4, 4).permute(0, 2, 1, 3).reshape(np_, K // 4, 4 * BLOCK_N)
-    qweight = (v[..., :2 * BLOCK_N] | (v[..., 2 * BLOCK_N:] << 4)).contiguous()
-    s = scales.to(torch.float32)
-    z = zeros
+    qweight = _pack_panels(q, A8_KSTEP)
+    npad = qweight.shape[0] * BLOCK_N
     ng = K // group_size
     d = q.to(torch.int32).reshape(N, ng, group_size) - zeros.to(torch.int32).unsqueeze(-1)
     comp = d.sum(-1, dtype=torch.int32)
-    if pad:
-        s = torch.nn.functional.pad(s, (0, 0, 0, pad))
-        z = torch.nn.functional.pad(z, (0, 0, 0, pad))
-        comp = torch.nn.functional.pad(comp, (0, 0, 0, pad))
-    return qweight, s.t().contiguous(), z.t().contiguous(), comp.t().contiguous()
+    return (qweight, _group_major(scales.to(torch.float32), npad), _group_major(zeros, npad),
+            _group_major(comp, npad))
 
 
 def unpack_from_int8_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                             out_features: int):
     """Inverse of :func:`pack_for_int8_kernel` (``comp`` is derived, not needed):
     -> canonical (q [N, K], zeros [N, K/G], scales fp32 [N, K/G])."""
-    np_, k4, _ = qweight.shape
-    v = torch.cat([qweight & 0xF, qweight >> 4], dim=-1)  # [Np, K/4, 128]
-    q = v.reshape(np_, k4, BLOCK_N, 4).permute(0, 2, 1, 3).reshape(np_ * BLOCK_N, k4 * 4)
     n = out_features
-    return q[:n].contiguous(), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
+    return _unpack_panels(qweight, A8_KSTEP, n), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
 
 
 # ---------------------------------------------------------------------------------------------

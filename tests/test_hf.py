@@ -188,35 +188,16 @@ def test_moe_per_expert_keys_raise(tmp_path):
         _load(path)
 
 
-def test_wrong_qweight_shape_raises_naming_tensor(tmp_path):
+@pytest.mark.parametrize("key,edit,suffix", [
+    ("model.layers.1.self_attn.k_proj.qweight", lambda sd, k: sd.__setitem__(k, sd[k][:, :-1].contiguous()), ""),
+    ("model.layers.0.mlp.up_proj.qzeros", lambda sd, k: sd.pop(k), ": missing"),
+    ("model.layers.0.mlp.extra_proj.qweight", lambda sd, k: sd.__setitem__(k, torch.zeros(128, 16, dtype=torch.int32)), ""),
+    ("model.layers.0.input_layernorm.weight", lambda sd, k: sd.pop(k), ""),
+], ids=["wrong_qweight_shape", "missing_qzeros", "unknown_quantized_module", "missing_float_weight"])
+def test_bad_checkpoint_raises_naming_tensor(tmp_path, key, edit, suffix):
     path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
-    key = "model.layers.1.self_attn.k_proj.qweight"
-    testing.rewrite_checkpoint(path, lambda sd: sd.__setitem__(key, sd[key][:, :-1].contiguous()))
-    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.")):
-        _load(path)
-
-
-def test_missing_qzeros_raises(tmp_path):
-    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
-    key = "model.layers.0.mlp.up_proj.qzeros"
-    testing.rewrite_checkpoint(path, lambda sd: sd.pop(key))
-    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.") + ": missing"):
-        _load(path)
-
-
-def test_unknown_quantized_module_raises(tmp_path):
-    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
-    key = "model.layers.0.mlp.extra_proj.qweight"
-    testing.rewrite_checkpoint(path, lambda sd: sd.__setitem__(key, torch.zeros(128, 16, dtype=torch.int32)))
-    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.")):
-        _load(path)
-
-
-def test_missing_float_weight_raises(tmp_path):
-    path, _ = _make(tmp_path, "llama", "awq", "gemm", 32)
-    key = "model.layers.0.input_layernorm.weight"
-    testing.rewrite_checkpoint(path, lambda sd: sd.pop(key))
-    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.")):
+    testing.rewrite_checkpoint(path, lambda sd: edit(sd, key))
+    with pytest.raises(awq_hf.CheckpointError, match=key.replace(".", r"\.") + suffix):
         _load(path)
 
 
