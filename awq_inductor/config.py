@@ -23,7 +23,7 @@ amx_min_m: int = 5
 panel_min_m: int = 8
 
 #: Render the AMX micro-kernels against a scalar C++ emulator of the tile instructions instead of
-#: the ``_tile_*`` intrinsics (``AWQ_TILE_*`` macros in common.h.j2). Read at code-generation
+#: the ``_tile_*`` intrinsics (``AWQ_TILE_*`` macros in csrc_templates/runtime/amx.h.j2). Read at code-generation
 #: time and part of the generated source text. For testing the AMX kernel logic on CPUs (or VMs)
 #: without usable AMX: no AMX permission is requested and no ``-mamx-*`` flags are needed. Slow.
 amx_emulation: bool = False

@@ -20,7 +20,7 @@ import time
 import torch
 import transformers
 
-from awq_inductor import hf
+from awq_inductor import patch_transformers
 from awq_inductor.__main__ import bench
 from awq_inductor.baselines import to_int4pack
 from awq_inductor.testing import build_float_model, save_quantized
@@ -50,7 +50,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         ref = save_quantized(build_float_model(cfg), d, format="gemm", group_size=a.group_size)
-        hf.patch_transformers()
+        patch_transformers()
         model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
     print(f"built and loaded the AWQ model in {time.perf_counter() - t0:.1f}s", flush=True)
     ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))

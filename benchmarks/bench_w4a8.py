@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from awq_inductor import AWQLinear, codegen, native
+from awq_inductor import AWQLinear
+from awq_inductor.kernels import isa as isa_mod
 
 
 def make_layer(K, N, G, seed=0):
@@ -51,7 +52,7 @@ def main(argv=None):
         "w4a16": lambda x: w16(x),
         "dense_bf16": lambda x: torch.nn.functional.linear(x, dense),
     }
-    print(f"isa={codegen.detect_isa()} threads={a.threads} K={a.K} N={a.N} G={a.G} bf16, median ms")
+    print(f"isa={isa_mod.select()} threads={a.threads} K={a.K} N={a.N} G={a.G} bf16, median ms")
     print(f"{'M':>5} {'w4a8':>9} {'w4a16':>9} {'dense':>9} {'w4a16/w4a8':>11} {'dense/w4a8':>11}")
     rows = []
     for M in a.m:
@@ -81,7 +82,7 @@ def main(argv=None):
               f"{row['w4a16_over_w4a8']:11.2f} {row['dense_over_w4a8']:11.2f}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(dict(K=a.K, N=a.N, G=a.G, threads=a.threads, isa=codegen.detect_isa(), rows=rows), f, indent=1)
+            json.dump(dict(K=a.K, N=a.N, G=a.G, threads=a.threads, isa=isa_mod.select(), rows=rows), f, indent=1)
     return rows
 
 
