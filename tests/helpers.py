@@ -1,7 +1,6 @@
 """Random int4 weights for tests: the canonical form, and the packed arguments of any op."""
 import torch
 
-from awq_inductor import packing
 from awq_inductor.schemes import OPS
 
 

@@ -10,7 +10,7 @@ from torch._inductor.utils import run_and_get_code
 
 from helpers import op_args
 from awq_inductor import config as awq_config
-from awq_inductor import ops, packing
+from awq_inductor import ops
 
 pytestmark = pytest.mark.skipif(
     not (torch.cpu._is_avx512_supported() and torch.cpu._is_avx512_bf16_supported()),

@@ -13,7 +13,7 @@ from torch._inductor import config as iconfig
 from torch._inductor.utils import run_and_get_code
 
 from helpers import op_args
-from awq_inductor import inductor, packing
+from awq_inductor import inductor
 from awq_inductor.inductor import lowering
 
 _seed = [99]

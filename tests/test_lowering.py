@@ -10,7 +10,7 @@ from torch._inductor.utils import run_and_get_code
 
 from helpers import op_args
 from awq_inductor import config as awq_config
-from awq_inductor import inductor, ops, packing
+from awq_inductor import inductor, ops
 from awq_inductor.inductor import lowering
 
 AMX_OK = bool(torch.cpu._is_amx_tile_supported())

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from awq_inductor import formats, testing, transform
+from awq_inductor import formats, testing
 from awq_inductor.transform import model_pass
 from awq_inductor.transform.model_pass import OutputSlice, convert
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear

@@ -13,7 +13,7 @@ import torch
 
 from helpers import op_args
 from awq_inductor import config, packing, schemes
-from awq_inductor.kernels import codegen, native
+from awq_inductor.kernels import native
 from awq_inductor.kernels import isa as isa_mod
 from awq_inductor import ops as awq_ops
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear

@@ -42,7 +42,6 @@ one (through this patch, or through any other AWQ/GPTQ loader).
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
