@@ -21,18 +21,27 @@ from unittest.mock import patch
 
 import sympy
 import torch
-import torch._inductor.lowering as L  # must precede codegen.cpp_* imports (circular import in torch)
-from torch._inductor import ir
-from torch._inductor.codegen.cpp import get_export_declaration
-from torch._inductor.codegen.cpp_gemm_template import gen_2d_view_of_epilogue_buf
-from torch._inductor.codegen.cpp_template import CppTemplate
-from torch._inductor.codegen.cpp_template_kernel import CppTemplateKernel
-from torch._inductor.codegen.cpp_utils import DTYPE_TO_CPP
-from torch._inductor.cpu_vec_isa import VecAMX, VecAVX512, pick_vec_isa
-from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch._inductor.utils import parallel_num_threads
-from torch._inductor.virtualized import V, ops as iops
 from torch.fx.experimental.symbolic_shapes import free_symbols
+
+try:  # private APIs: if one moved, install() raises it and register() warns; the backend still compiles
+    import torch._inductor.lowering as L  # must precede codegen.cpp_* imports (circular import in torch)
+    from torch._inductor import ir
+    from torch._inductor.codegen.cpp import get_export_declaration
+    from torch._inductor.codegen.cpp_gemm_template import gen_2d_view_of_epilogue_buf
+    from torch._inductor.codegen.cpp_template import CppTemplate
+    from torch._inductor.codegen.cpp_template_kernel import CppTemplateKernel
+    from torch._inductor.codegen.cpp_utils import DTYPE_TO_CPP
+    from torch._inductor.cpu_vec_isa import VecAMX, VecAVX512, pick_vec_isa
+    from torch._inductor.utils import parallel_num_threads
+    from torch._inductor.virtualized import V, ops as iops
+
+    _MISSING_API: Optional[Exception] = next(
+        (ImportError(f"CppTemplateKernel.{n} missing") for n in ("def_kernel", "slice_nd", "store_output", "size")
+         if not hasattr(CppTemplateKernel, n)), None)
+except ImportError as e:
+    _MISSING_API = e
+    CppTemplate = object  # the class statement below still runs; install() refuses
+from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: E402  (public: the FX-cache pass)
 
 from .. import config as awq_config
 from ..kernels import codegen, isa as isa_mod
@@ -43,11 +52,6 @@ log = logging.getLogger(__name__)
 TEMPLATE_NAME = "entry/inductor.cpp.j2"
 ACC_BUF_NAME = "awq_acc_buf"
 SILU_MUL_BUF_NAME = "awq_silu_mul_buf"
-
-for _name in ("def_kernel", "slice_nd", "store_output", "size"):
-    if not hasattr(CppTemplateKernel, _name):
-        raise ImportError(f"CppTemplateKernel.{_name} missing")
-
 
 def templates_dir() -> Path:
     """csrc_templates/ as :func:`awq_inductor.kernels.codegen.template_dir` finds it."""
@@ -251,7 +255,9 @@ def _lowering_of(op: Op):
 
 
 def install() -> None:
-    """One lowering per op of the table."""
+    """One lowering per op of the table (raises the ImportError of a moved private API)."""
+    if _MISSING_API is not None:
+        raise _MISSING_API
     for op in OPS.values():
         L.register_lowering(op.torch_op.default, type_promotion_kind=None)(_lowering_of(op))
 
