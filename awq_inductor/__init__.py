@@ -7,6 +7,7 @@ Public API:
     patch_transformers()         make transformers 5.x load AWQ/GPTQ checkpoints onto our op on CPU
     awq_inductor_backend         torch.compile backend (also ``backend="awq_inductor"``)
     config                       package settings (forced ISA, AMX threshold, threads)
+    awq_inductor.tp              tensor parallelism over torch.distributed (tp.shard(model, group))
     torch.ops.awq.int4_mm        the custom ops: int4_mm, int4_mm_silu_mul, int4_mm_a8, int4_mm_a8_silu_mul
                                  (awq_inductor.ops)
 """

@@ -26,7 +26,9 @@ gpt-fast style, on every rank of ``group`` (all ranks must hold the same full mo
 - **row-parallel layers** become :class:`RowParallelLinear`: the local int4 GEMM (no bias), then
   ``torch.distributed._functional_collectives.all_reduce(y, "sum", group)`` (a graph op, so
   ``torch.compile`` keeps it in the graph, no graph break), then the bias, added once.
-- embedding, norms and ``lm_head`` are replicated (not touched).
+- a dense ``lm_head`` is split over the vocabulary (:class:`VocabParallelLMHead`: local rows, then
+  ``all_gather_tensor`` of the logits along the last dim), so each rank reads 1/W of it per token
+  (``vocab_parallel=False`` replicates it); embedding and norms are replicated.
 
 Weights are split in the canonical form (q uint8 [N, K], zeros / scales [N, K/G]) and packed again
 per rank, so every checkpoint format and both schemes (W4A16, W4A8 ``act_quant="int8"``) shard
@@ -93,6 +95,55 @@ class RowParallelLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"world_size={self.world_size}, bias={self.bias is not None} (after all_reduce)"
+
+
+class VocabParallelLMHead(nn.Module):
+    """The output projection split over the vocabulary: ``all_gather(x @ W_r.T + b_r)`` along the last
+    dim, W_r = rows ``[r*V/W, (r+1)*V/W)`` of the dense ``lm_head`` (V padded with zero rows to a
+    multiple of W, the padding sliced off after the gather). Each rank reads 1/W of the head per token."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], vocab_size: int, group, world_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
+        self.vocab_size = vocab_size
+        self.group = group
+        self.world_size = world_size
+        self.in_features, self.out_features = weight.shape[1], vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.linear(x, self.weight, self.bias)
+        if self.world_size > 1:
+            from torch.distributed import _functional_collectives as funcol
+
+            if self.group is None:
+                raise RuntimeError("VocabParallelLMHead: sharded with an explicit rank / world_size and no "
+                                   "process group, so there is nothing to gather over")
+            y = funcol.all_gather_tensor(y.contiguous(), gather_dim=y.dim() - 1, group=self.group)
+        if y.shape[-1] != self.vocab_size:
+            y = y[..., :self.vocab_size]
+        return y
+
+    def extra_repr(self) -> str:
+        return f"local_rows={self.weight.shape[0]}, vocab_size={self.vocab_size}, world_size={self.world_size}"
+
+
+def _plan_lm_head(model: nn.Module, rank: int, world: int, group) -> Plan:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not nn.Linear or world == 1:
+        return []  # not a dense head (or nothing to split): replicated
+    name = next(n for n, m in model.named_modules() if m is head)
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    V = head.out_features
+    v = -(-V // world)
+    w = head.weight.detach()
+    b = head.bias.detach() if head.bias is not None else None
+    if v * world != V:
+        w = torch.cat([w, w.new_zeros(v * world - V, w.shape[1])])
+        b = None if b is None else torch.cat([b, b.new_zeros(v * world - V)])
+    sl = slice(rank * v, (rank + 1) * v)
+    new = VocabParallelLMHead(w[sl].clone(), None if b is None else b[sl].clone(), V, group, world)
+    return [(parent, name.rpartition(".")[2], new)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,7 +323,7 @@ def _group_rank_world(group, rank, world_size) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def shard(model: nn.Module, group=None, *, rank: Optional[int] = None,
+def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Optional[int] = None,
           world_size: Optional[int] = None) -> nn.Module:
     """Shard a converted model for tensor parallelism over ``group`` in place; returns ``model``.
 
@@ -281,7 +332,8 @@ def shard(model: nn.Module, group=None, *, rank: Optional[int] = None,
     with ``group=None`` needs no process group: the checks run and rank ``rank``'s shard is built
     (to validate a model or inspect a shard), but its ``forward`` raises when ``world_size`` > 1.
     See the module doc for the layout. Raises :class:`TPError` (nothing modified) when a layer
-    cannot be split.
+    cannot be split. ``vocab_parallel``: split a dense ``lm_head`` over the vocabulary
+    (:class:`VocabParallelLMHead`, logits all-gathered; default) instead of replicating it.
     """
     explicit = rank is not None and world_size is not None
     rank, world = _group_rank_world(group, rank, world_size)
@@ -317,6 +369,8 @@ def shard(model: nn.Module, group=None, *, rank: Optional[int] = None,
     if left:
         raise TPError(f"shard: int4 modules outside the attention / MLP patterns would be left replicated: "
                       f"{left[:8]}{' ...' if len(left) > 8 else ''}")
+    if vocab_parallel:
+        plan += _plan_lm_head(model, rank, world, group)
     for parent, attr, new in plan:
         parent._modules[attr] = new
     if text_cfg is not None and hq_all is not None:
@@ -331,7 +385,9 @@ def shard(model: nn.Module, group=None, *, rank: Optional[int] = None,
             if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, getattr(m, attr) // world)
     model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
-                     "num_key_value_heads": hkv_all, "attention_layers": len(attns), "mlp_layers": n_mlp}
+                     "num_key_value_heads": hkv_all, "attention_layers": len(attns), "mlp_layers": n_mlp,
+                     "vocab_parallel": isinstance(model.get_output_embeddings(), VocabParallelLMHead)
+                     if hasattr(model, "get_output_embeddings") else False}
     return model
 
 

@@ -73,6 +73,7 @@ def tp2(tmp_path_factory):
             ref = {"cfg": cfg, "logits": model(ids).logits}
             ref["tokens"], ref["step_logits"] = _generate(model, prompt)
             ref["w4a8_logits"] = convert(model, act_quant="int8")(ids).logits
+        ref["ckpt"] = path
         refs[arch] = ref
     torch.save(cases, out / "cases.pt")
     _torchrun(2, [WORKER, "--out", str(out)])
@@ -83,7 +84,8 @@ def tp2(tmp_path_factory):
 def test_tp2_matches_unsharded(tp2, arch):
     """2 ranks vs the unsharded model: full-sequence logits within the dense tolerance, 16 identical
     greedy fp32 tokens with their per-step logits, eager and compiled; the compiled graphs hold 2
-    all_reduce per decoder layer with no graph break; the W4A8 shard matches unsharded W4A8."""
+    all_reduce per decoder layer and the lm_head's all_gather with no graph break; the W4A8 shard
+    matches unsharded W4A8."""
     refs, ranks = tp2
     ref, cfg = refs[arch], refs[arch]["cfg"]
     for r, res in enumerate(ranks):
@@ -96,6 +98,7 @@ def test_tp2_matches_unsharded(tp2, arch):
         assert got["graph_breaks"] == 0
         ars = got["all_reduce_per_graph"]
         assert ars and all(n == 2 * cfg.num_hidden_layers for n in ars), ars
+        assert got["all_gather_per_graph"] == [1] * len(ars), got["all_gather_per_graph"]  # vocab-parallel lm_head
         assert got["templated_kernels"] > 0
         w8, want8 = got["w4a8_logits"], ref["w4a8_logits"]
         assert float((w8 - want8).norm() / want8.norm()) < 0.03
@@ -110,6 +113,18 @@ def test_tp2_epilogue_fused_before_all_reduce(tp2):
         e = res["epilogue"]
         assert e["err"] == 0.0 and e["templated"] == 1 and e["epilogue_fusions"] == 1, {k: v for k, v in e.items() if k != "code"}
         assert "_c10d_functional.all_reduce_" in e["code"]
+
+
+def test_launch_demo_tp2(tp2):
+    """torchrun --nproc-per-node 2 -m awq_inductor --tp 2: each rank pinned to its own core, the model
+    sharded, only rank 0 prints."""
+    r = _torchrun(2, ["-m", "awq_inductor", "--tp", "2", "--model", tp2[0]["llama"]["ckpt"], "--no-compile",
+                      "--prompt-len", "8", "--new-tokens", "4", "--dtype", "fp32"])
+    out = r.stdout
+    assert out.count("sharded over 2 ranks: 2 query / 1 KV heads per rank") == 1, out
+    assert out.count("awq int4 eager") == 1 and "tensor parallel: 2 ranks (gloo)" in out, out
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "1 threads per rank" in out, out
 
 
 # ------------------------------------------------------------------------------ in one process
@@ -145,6 +160,23 @@ def test_shard_layout_rank1_of_2(tmp_path):
     assert (model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim) == (2, 1, d)
     with pytest.raises(tp.TPError, match="already sharded"):
         tp.shard(model, rank=1, world_size=2)
+
+
+def test_vocab_parallel_lm_head_rows(tmp_path):
+    """vocab 255 over 2 ranks: 128 rows each, the last one a zero pad; the ranks' rows are the head."""
+    model, cfg = _converted(tmp_path, vocab_size=255)
+    full = model.lm_head.weight.detach().clone()
+    heads = []
+    for r in range(2):
+        m, _ = _converted(tmp_path / f"r{r}", vocab_size=255)
+        tp.shard(m, rank=r, world_size=2)
+        assert isinstance(m.lm_head, tp.VocabParallelLMHead) and m.lm_head.weight.shape == (128, cfg.hidden_size)
+        heads.append(m.lm_head.weight.detach())
+    rows = torch.cat(heads)
+    assert torch.equal(rows[:255], full) and not rows[255].any()
+    m, _ = _converted(tmp_path / "rep", vocab_size=255)
+    tp.shard(m, rank=0, world_size=2, vocab_parallel=False)
+    assert type(m.lm_head) is torch.nn.Linear and m._awq_tp["vocab_parallel"] is False
 
 
 def test_row_parallel_bias_added_once(tmp_path):

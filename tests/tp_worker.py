@@ -3,7 +3,8 @@
 For every case of ``<out>/cases.pt`` ({name: {"ckpt", "ids", "prompt"}}) each rank loads the AWQ
 checkpoint through the transformers patch, shards it with ``awq_inductor.tp.shard`` and records
 eager full-sequence logits, 16 greedy tokens and their per-step logits, eager and compiled
-(backend awq_inductor: graph-break count, all_reduce nodes per captured graph, Inductor counters),
+(backend awq_inductor: graph-break count, all_reduce / all_gather nodes per captured graph,
+Inductor counters),
 and the eager logits of the W4A8 shard. Then one compiled ``all_reduce(int4_mm(x) * 2 + 1)``
 shows the pointwise epilogue fused into our template before the collective. Results:
 ``<out>/rank<r>.pt``. ``AWQ_TP_TEST_TIMES=1`` prints timings to stderr.
@@ -46,10 +47,12 @@ def run_case(case, mark):
     mark("eager")
     torch._dynamo.reset()
     counters.clear()
-    n_ar = []
+    n_ar, n_ag = [], []
 
     def backend(gm, example_inputs):
-        n_ar.append(sum(1 for n in gm.graph.nodes if n.op == "call_function" and "all_reduce" in str(n.target)))
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        n_ar.append(sum("all_reduce" in t for t in targets))
+        n_ag.append(sum("all_gather" in t for t in targets))
         return awq_inductor_backend(gm, example_inputs)
 
     fwd = model.forward
@@ -60,6 +63,7 @@ def run_case(case, mark):
     mark("compiled generate")
     res["graph_breaks"] = sum(counters["graph_break"].values())
     res["all_reduce_per_graph"] = n_ar
+    res["all_gather_per_graph"] = n_ag
     res["templated_kernels"] = counters["inductor"]["cpp_templated_kernel_counter"]
     convert(model, act_quant="int8")
     with torch.no_grad():
