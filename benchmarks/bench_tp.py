@@ -10,9 +10,10 @@ each rank pinned to its own core, 1 thread). Both are compiled with backend ``aw
 and decode (``(generate(n) - prefill) / (n - 1)``) for each in turn; medians and the TP=2 / TP=1
 ratios are printed as a markdown table and written to ``results/bench_tp.json``.
 
-The all-reduce cost is measured alone on the same gloo group: the median time of one
-``all_reduce`` of a bf16 [tokens, hidden] tensor, times 2 per decoder layer (after o_proj and
-down_proj), per decode token and per prefill.
+The collectives are measured alone on the same gloo group: the median time of one ``all_reduce``
+of a bf16 [tokens, hidden] tensor, times 2 per decoder layer (after o_proj and down_proj), per
+decode token and per prefill, plus one ``all_gather`` of the [1, vocab / 2] bf16 logits of the
+vocab-parallel ``lm_head`` per decode token (``--replicated-head``: none).
 
 The checkpoint (random weights, real AWQ ``gemm`` format) is built once by rank 0 and cached in
 ``--ckpt-dir``.
@@ -84,6 +85,20 @@ def allreduce_ms(tokens, hidden, iters):
     return statistics.median(times) * 1e3
 
 
+def allgather_ms(cols, iters):
+    t = torch.randn(1, cols).to(torch.bfloat16)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    for _ in range(5):
+        dist.all_gather(out, t)
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_gather(out, t)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layers", type=int, default=4)
@@ -96,6 +111,8 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--replicated-head", action="store_true",
+                   help="replicate lm_head on both ranks (tp.shard(vocab_parallel=False)); default: vocab-parallel")
     p.add_argument("--ckpt-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"))
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_tp.json"))
     a = p.parse_args(argv)
@@ -133,7 +150,7 @@ def main(argv=None):
     # TP=2 x 1 thread
     t0 = time.perf_counter()
     tp.pin_rank(mine)
-    sharded = tp.shard(load(path))
+    sharded = tp.shard(load(path), vocab_parallel=not a.replicated_head)
     sharded.forward = torch.compile(sharded.forward, backend="awq_inductor")
     timed_generate(sharded, ids, n, sync=True)
     timed_generate(sharded, ids, 1, sync=True)
@@ -154,6 +171,7 @@ def main(argv=None):
                 f"{k} prefill {v['prefill_s'][-1]:.2f}s total {v['total_s'][-1]:.2f}s" for k, v in res.items()))
     ar_decode = allreduce_ms(1, a.hidden, 200)
     ar_prefill = allreduce_ms(a.prompt_len, a.hidden, 30)
+    ag_decode = 0.0 if a.replicated_head else allgather_ms(-(-a.vocab // world), 200)
     if rank != 0:
         dist.barrier()
         dist.destroy_process_group()
@@ -169,20 +187,24 @@ def main(argv=None):
     n_ar = 2 * a.layers
     ar = {"one_decode_all_reduce_ms": ar_decode, "decode_ms_per_token": n_ar * ar_decode,
           "one_prefill_all_reduce_ms": ar_prefill, "prefill_ms": n_ar * ar_prefill,
-          "bytes_per_decode_token": n_ar * a.hidden * 2}
+          "bytes_per_decode_token": n_ar * a.hidden * 2, "lm_head_all_gather_ms": ag_decode,
+          "collectives_ms_per_decode_token": n_ar * ar_decode + ag_decode}
     t1, t2 = table["tp1x2"], table["tp2x1"]
     print(f"\n{a.layers} layers, hidden {a.hidden}, intermediate {a.intermediate}, heads {a.heads}/{a.kv_heads}, "
           f"vocab {a.vocab}, g{a.group_size}, bf16 activations, prompt {a.prompt_len}, {n} new tokens, "
-          f"{a.rounds} interleaved rounds (medians)\n")
-    print("| config | prefill tok/s | decode tok/s | decode ms/token (min-max) | all-reduce ms/token |")
+          f"{a.rounds} interleaved rounds (medians), lm_head "
+          f"{'replicated' if a.replicated_head else 'vocab-parallel'}\n")
+    print("| config | prefill tok/s | decode tok/s | decode ms/token (min-max) | collectives ms/token |")
     print("|---|---|---|---|---|")
     print(f"| TP=1 x 2 threads | {t1['prefill_tok_s']:.1f} | {t1['decode_tok_s']:.2f} | {t1['decode_ms_per_token']:.1f} "
           f"({t1['decode_spread_ms'][0]:.1f}-{t1['decode_spread_ms'][1]:.1f}) | - |")
     print(f"| TP=2 x 1 thread | {t2['prefill_tok_s']:.1f} | {t2['decode_tok_s']:.2f} | {t2['decode_ms_per_token']:.1f} "
-          f"({t2['decode_spread_ms'][0]:.1f}-{t2['decode_spread_ms'][1]:.1f}) | {ar['decode_ms_per_token']:.2f} "
-          f"({n_ar} x {ar_decode:.3f}) |")
+          f"({t2['decode_spread_ms'][0]:.1f}-{t2['decode_spread_ms'][1]:.1f}) | "
+          f"{ar['collectives_ms_per_decode_token']:.2f} ({n_ar} all-reduce x {ar_decode:.3f}"
+          f"{f' + all-gather {ag_decode:.3f}' if ag_decode else ''}) |")
     print(f"| TP=2 / TP=1 | {t2['prefill_tok_s'] / t1['prefill_tok_s']:.2f}x | "
-          f"{t2['decode_tok_s'] / t1['decode_tok_s']:.2f}x | | {100 * ar['decode_ms_per_token'] / t2['decode_ms_per_token']:.1f}% "
+          f"{t2['decode_tok_s'] / t1['decode_tok_s']:.2f}x | | "
+          f"{100 * ar['collectives_ms_per_decode_token'] / t2['decode_ms_per_token']:.1f}% "
           f"of a TP=2 decode step |")
     print(f"\nall-reduce in prefill: {n_ar} x {ar_prefill:.2f} ms = {ar['prefill_ms']:.1f} ms per {a.prompt_len}-token "
           f"prompt ({100 * ar['prefill_ms'] / 1e3 / t2['prefill_s']:.1f}% of TP=2 prefill)")
