@@ -374,10 +374,8 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     for parent, attr, new in plan:
         parent._modules[attr] = new
     if text_cfg is not None and hq_all is not None:
-        d = next((getattr(m, "head_dim") for m in model.modules() if isinstance(getattr(m, "head_dim", None), int)),
-                 None)
-        if d is not None:
-            text_cfg.head_dim = d
+        if attns:
+            text_cfg.head_dim = attns[0].head_dim
         text_cfg.num_attention_heads = hq_all // world
         text_cfg.num_key_value_heads = hkv_all // world
     for m in attns:  # attention modules that keep their own head counts (other transformers versions)
