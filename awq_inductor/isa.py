@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import threading
 import warnings
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Union
 
 import torch
 
@@ -110,16 +110,18 @@ def lower_of(a: str, b: str) -> str:
 
 
 @contextlib.contextmanager
-def fake_cpu(features: Optional[CpuFeatures] = None, amx_permission: Optional[bool] = None) -> Iterator[None]:
+def fake_cpu(features: Optional[CpuFeatures] = None,
+             amx_permission: Union[None, bool, Callable[[], bool]] = None) -> Iterator[None]:
     """Tests: pretend the CPU has ``features`` and/or that the AMX permission request returns
-    ``amx_permission``; the per-process decision is redone inside and after the block."""
+    ``amx_permission`` (a bool, or a callable doing the request); the per-process decision is
+    redone inside and after the block."""
     global _cpu_probe, _amx_probe, _decided, _amx_ok
     with _lock:
         saved = (_cpu_probe, _amx_probe, _decided, _amx_ok)
         if features is not None:
             _cpu_probe = lambda: features  # noqa: E731
         if amx_permission is not None:
-            _amx_probe = lambda: amx_permission  # noqa: E731
+            _amx_probe = amx_permission if callable(amx_permission) else (lambda: amx_permission)  # noqa: E731
         _decided = _amx_ok = None
     try:
         yield

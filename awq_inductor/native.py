@@ -79,7 +79,9 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
 def _ensure_amx() -> None:
     global _amx_ready
     if not _amx_ready:
-        if not torch.cpu._init_amx():
+        from . import isa
+
+        if not isa.amx_permission():
             raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
                                "permission (torch.cpu._init_amx() returned False); "
                                "set awq_inductor.config.force_isa = 'avx512'")
