@@ -457,13 +457,16 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     """
     if act_quant not in ACT_QUANT_CHOICES:
         raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
-    todo = [(n, m) for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
-    for i, (name, mod) in enumerate(todo):
+    # Names only: each checkpoint module is dropped as soon as it is replaced, so loading never
+    # holds the whole checkpoint and the whole packed model at once (peak load memory).
+    todo = [n for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
+    for i, name in enumerate(todo):
         try:
-            new = _to_awq_linear(mod)
+            new = _to_awq_linear(model.get_submodule(name))
         except (ValueError, NotImplementedError) as e:
             raise type(e)(f"{name}: {e}") from e
         model.set_submodule(name, new)
+        del new
         if progress is not None:
             progress(i + 1, len(todo), name)
     if fuse:
