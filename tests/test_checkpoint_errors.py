@@ -105,3 +105,39 @@ def test_bits_not_4(clean_ckpt, tmp_path, bits):
         json.dump(cfg, f)
     with pytest.raises(hf.CheckpointError, match=rf"config\.json: quantization_config\.bits: expected 4 .* got {bits}"):
         _load(path)
+
+
+def _rss_kib():
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Rss:"):
+                return int(line.split()[1])
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux /proc")
+def test_drop_file_pages_releases_only_mapped_checkpoint_pages(tmp_path):
+    """Small-scale load-memory check: the pages of a converted tensor read from an mmapped
+    safetensors file leave the resident set; anonymous tensors and neighbouring tensors are
+    untouched (the full-size figure is benchmarks/bench_load_memory.py)."""
+    from safetensors.torch import load_file, save_file
+
+    from awq_inductor import load_memory
+
+    f = str(tmp_path / "m.safetensors")
+    save_file({"a": torch.arange(8 << 20, dtype=torch.int32), "b": torch.arange(1000, dtype=torch.int32)}, f)
+    sd = load_file(f)  # mmap-backed views
+    maps = load_memory.file_mappings()
+    assert maps, "safetensors.load_file did not mmap the file"
+    anon = torch.arange(1 << 20, dtype=torch.int32)
+    before = _rss_kib()
+    assert int(sd["a"].sum()) == sum(range(8 << 20))  # touch every page
+    touched = _rss_kib()
+    assert touched - before > 20_000  # ~32 MiB of file pages now resident
+    assert load_memory.drop_file_pages([anon], maps) == 0  # never advises anonymous memory
+    done = load_memory.drop_file_pages([sd["a"]], maps)
+    assert done >= (32 << 20) - 2 * 4096
+    assert touched - _rss_kib() > 20_000
+    # the data is still there (re-read from the file), and so is the neighbour
+    assert int(sd["a"][-1]) == (8 << 20) - 1 and torch.equal(sd["b"], torch.arange(1000, dtype=torch.int32))
+    assert torch.equal(anon, torch.arange(1 << 20, dtype=torch.int32))
