@@ -169,14 +169,11 @@ def detect_isa() -> str:
     return _hardware_isa()
 
 
-@functools.lru_cache(maxsize=None)
 def _hardware_isa() -> str:
-    avx512_bf16 = _cpu_has("_is_avx512_supported") and _cpu_has("_is_avx512_bf16_supported")
-    if avx512_bf16 and _cpu_has("_is_amx_tile_supported"):
-        return "amx"
-    if avx512_bf16:
-        return "avx512"
-    return "portable"
+    """What this CPU and OS run (:func:`awq_inductor.isa.hardware_isa`, decided once per process)."""
+    from . import isa
+
+    return isa.hardware_isa()
 
 
 def compile_flags(isa: str, amx_emulate: Optional[bool] = None) -> List[str]:

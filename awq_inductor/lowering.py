@@ -67,8 +67,9 @@ def sources_hash() -> str:
     """
     h = hashlib.sha256()
     tdir = templates_dir()
-    files = sorted(tdir.glob("*.j2")) + [Path(__file__).resolve(),
-                                          Path(__file__).resolve().parent / "codegen.py"]
+    here = Path(__file__).resolve().parent
+    files = sorted(tdir.glob("*.j2")) + [Path(__file__).resolve()] + [
+        here / f for f in ("codegen.py", "cache_key.py", "isa.py")]
     for f in files:
         h.update(f.name.encode())
         try:
@@ -136,31 +137,40 @@ def is_registered() -> bool:
 
 
 def cache_pass():
-    """A no-op post-grad ``CustomGraphPass`` whose ``uuid()`` is :func:`sources_hash`."""
+    """A no-op post-grad ``CustomGraphPass`` whose ``uuid()`` is :func:`cache_uuid`."""
     return _build().AwqCachePass()
+
+
+def cache_uuid() -> str:
+    """The FX-graph-cache key part of our code generation, computed when Inductor computes its key
+    (same process, same settings as the code generation that follows): the sources
+    (:func:`sources_hash`), every awq_inductor.config setting, the thread count, the CPU and the
+    ISA :func:`choose_isa` picks now (see awq_inductor.cache_key)."""
+    from . import cache_key
+
+    return cache_key.fx_key(choose_isa(), sources_hash())
 
 
 def choose_isa() -> str:
     """"amx" | "avx512" | "portable" at code-generation time: config.force_isa, else Inductor's
     ``pick_vec_isa()`` (which also requests AMX permission for the process via torch.cpu._init_amx)."""
+    from . import isa as awq_isa
+
     forced = awq_config.force_isa
     if forced is not None:
         if forced not in awq_config.ISAS:
             raise ValueError(f"force_isa: expected one of {awq_config.ISAS}, got {forced!r}")
-        if forced == "amx" and torch.cpu._is_amx_tile_supported():
-            torch.cpu._init_amx()
+        if forced == "amx" and awq_isa.cpu_features().amx_tile:
+            awq_isa.amx_permission()
         return forced
     from torch._inductor.cpu_vec_isa import VecAMX, VecAVX512, pick_vec_isa
 
-    isa = pick_vec_isa()
-    # Our AVX512 and AMX micro-kernels use AVX512-BF16 (vdpbf16ps); Inductor adds -mavx512bf16
-    # to its AVX512 flags only where the CPU has it.
-    bf16 = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
-    if isinstance(isa, VecAMX) and bool(isa) and bf16:
-        return "amx"
-    if isinstance(isa, VecAVX512) and bool(isa) and bf16:
-        return "avx512"
-    return "portable"
+    vec = pick_vec_isa()
+    inductor_isa = ("amx" if isinstance(vec, VecAMX) and bool(vec) else
+                    "avx512" if isinstance(vec, VecAVX512) and bool(vec) else "portable")
+    # The package's own decision (AVX512-BF16 needed by our AVX512/AMX micro-kernels, AMX
+    # permission, one warning / log line) caps Inductor's.
+    return awq_isa.lower_of(awq_isa.hardware_isa(), inductor_isa)
 
 
 @functools.lru_cache(maxsize=None)
@@ -177,7 +187,7 @@ def _build():
     from torch._inductor.codegen.cpp_gemm_template import gen_2d_view_of_epilogue_buf
     from torch._inductor.codegen.cpp_template import CppTemplate
     from torch._inductor.codegen.cpp_utils import DTYPE_TO_CPP
-    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraphPass
     from torch._inductor.utils import parallel_num_threads
     from torch._inductor.virtualized import V, ops as iops
     from torch.fx.experimental.symbolic_shapes import free_symbols
@@ -312,6 +322,9 @@ def _build():
         if why is not None:
             log.debug("%s: extern fallback (%s)", op, why)
             return L.fallback_handler(op, add_to_fallback_set=False)(x, *weights, bias, group_size, out_features)
+        from .toolchain import require_cxx
+
+        require_cxx()  # plain torch.compile: name the missing compiler before Inductor trips on it
         tensors = [x, *weights] + ([bias] if bias is not None else [])
         tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
         x_ = tensors[0]
@@ -331,7 +344,32 @@ def _build():
             return None
 
         def uuid(self):
-            return sources_hash()
+            return cache_uuid()
+
+    class AwqCpuKeyPass(CustomGraphModulePass):
+        """The same key for plain ``torch.compile`` (backend ``inductor``), which installs no pass of
+        ours: registered as Inductor's per-device custom pass for ``cpu`` (hashed into the FX and
+        AOTAutograd cache keys, ``codecache.FxGraphHashDetails.custom_backend_passes``). Runs a
+        pass that was registered there before it, if any."""
+
+        def __init__(self, inner=None):
+            self.inner = inner
+
+        def __call__(self, gm) -> None:
+            if self.inner is not None:
+                self.inner(gm)
+
+        def uuid(self):
+            inner = self.inner.uuid() if self.inner is not None else None
+            return cache_uuid() if inner is None else f"{inner}+{cache_uuid()}"
+
+    def install_cpu_key_pass():
+        from torch._inductor.codegen import common as codegen_common
+
+        codegen_common.init_backend_registration()  # so a later call does not reset "cpu"
+        current = codegen_common.custom_backend_passes.get("cpu")
+        if not isinstance(current, AwqCpuKeyPass):
+            codegen_common.custom_backend_passes["cpu"] = AwqCpuKeyPass(current)
 
     OP_SILU_MUL = torch.ops.awq.int4_mm_silu_mul.default
     OP_A8 = torch.ops.awq.int4_mm_a8.default
@@ -358,11 +396,13 @@ def _build():
         L.register_lowering(OP_A8, type_promotion_kind=None)(lowering_a8)
         L.register_lowering(OP_SILU_MUL, type_promotion_kind=None)(lowering_silu_mul)
         L.register_lowering(OP_A8_SILU_MUL, type_promotion_kind=None)(lowering_a8_silu_mul)
+        install_cpu_key_pass()
 
     return types.SimpleNamespace(
         AwqInt4MMTemplate=AwqInt4MMTemplate, lowering=lowering, lowering_silu_mul=lowering_silu_mul,
         use_template=use_template, lowering_a8=lowering_a8, lowering_a8_silu_mul=lowering_a8_silu_mul,
-        AwqCachePass=AwqCachePass, install=install)
+        AwqCachePass=AwqCachePass, AwqCpuKeyPass=AwqCpuKeyPass, install_cpu_key_pass=install_cpu_key_pass,
+        install=install)
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,5 +425,8 @@ def compile_with_inductor(gm, example_inputs, config_patches: dict):
     """``compile_fx`` (the ``inductor`` backend) with ``config_patches``, our lowering registered."""
     from torch._inductor.compile_fx import compile_fx
 
+    from .toolchain import require_cxx
+
+    require_cxx()  # a clear CompilerNotFoundError now rather than one from deep inside Inductor
     register()
     return compile_fx(gm, example_inputs, config_patches=config_patches)

@@ -57,7 +57,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from . import formats
+from . import formats, load_memory
 from . import packing
 from .modules import AWQGateUpSiluMul, AWQLinear
 
@@ -457,21 +457,31 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     """
     if act_quant not in ACT_QUANT_CHOICES:
         raise ValueError(f"act_quant: expected one of {ACT_QUANT_CHOICES}, got {act_quant!r}")
-    todo = [(n, m) for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
-    for i, (name, mod) in enumerate(todo):
+    # Names only: each checkpoint module is dropped as soon as it is replaced, so loading never
+    # holds the whole checkpoint and the whole packed model at once (peak load memory).
+    # The checkpoint pages a converted module was read from are released (load_memory).
+    todo = [n for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
+    maps = load_memory.file_mappings() if todo else []
+    for i, name in enumerate(todo):
+        old = model.get_submodule(name)
         try:
-            new = _to_awq_linear(mod)
+            new = _to_awq_linear(old)
         except (ValueError, NotImplementedError) as e:
             raise type(e)(f"{name}: {e}") from e
+        load_memory.drop_file_pages(list(old.buffers()) + list(old.parameters()), maps)
         model.set_submodule(name, new)
+        del new, old
+        load_memory.trim_heap()
         if progress is not None:
             progress(i + 1, len(todo), name)
     if fuse:
         for name, module in list(model.named_modules()):
             if _fuse_gated_mlp(module, act_quant):
+                load_memory.trim_heap()
                 continue
             for fused_attr, parts in FUSIONS:
-                _fuse_module(module, fused_attr, parts)
+                if _fuse_module(module, fused_attr, parts):
+                    load_memory.trim_heap()
     for name, mod in list(model.named_modules()):
         if isinstance(mod, (AWQLinear, AWQGateUpSiluMul)) and mod.act_quant != act_quant:
             model.set_submodule(name, mod.with_act_quant(act_quant))

@@ -10,9 +10,7 @@ through ctypes.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -35,20 +33,23 @@ def cache_dir() -> str:
 
 
 def _compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("g++")
-    if not cxx:
-        raise RuntimeError("awq_inductor: no C++ compiler found (g++ not on PATH and $CXX unset); "
-                           "the int4 kernels are compiled at first use")
-    return cxx
+    from .toolchain import require_cxx
+
+    return require_cxx()
 
 
-def build(source: str, flags: List[str], name: str = "awq_int4_mm") -> str:
-    """Compile ``source`` into a shared object (cached on disk); return its path."""
+def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optional[str] = None) -> str:
+    """Compile ``source`` into a shared object (cached on disk); return its path. The file name
+    carries ``isa`` and a key over the source, the ISA, every flag and the compiler (path and
+    version): :func:`awq_inductor.cache_key.native_key`."""
+    from .cache_key import native_key
+    from .toolchain import compiler_id
+
     cxx = _compiler()
     all_flags = _BASE_FLAGS + list(flags)
-    key = hashlib.sha256((source + "\0" + " ".join(all_flags) + "\0" + cxx).encode()).hexdigest()[:32]
+    key = native_key(source, all_flags, isa, compiler_id(cxx))
     d = cache_dir()
-    so = os.path.join(d, f"{name}_{key}.so")
+    so = os.path.join(d, f"{name}_{isa or 'any'}_{key}.so")
     if os.path.exists(so):
         return so
     fd, tmp_cpp = tempfile.mkstemp(suffix=".cpp", prefix=f"{name}_{key}_", dir=d)
@@ -78,7 +79,9 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm") -> str:
 def _ensure_amx() -> None:
     global _amx_ready
     if not _amx_ready:
-        if not torch.cpu._init_amx():
+        from . import isa
+
+        if not isa.amx_permission():
             raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
                                "permission (torch.cpu._init_amx() returned False); "
                                "set awq_inductor.config.force_isa = 'avx512'")
@@ -98,7 +101,8 @@ _kernels: Dict[Tuple[str, str, torch.dtype, bool], Callable] = {}
 def _load(op: str, isa: str, x_dtype: torch.dtype, amx_emulate: bool):
     entry, renderer, name, n_weights = _ENTRIES[op]
     src = getattr(codegen, renderer)(isa, x_dtype, amx_emulate)
-    so = build(src, codegen.compile_flags(isa, amx_emulate), name=name)
+    so = build(src, codegen.compile_flags(isa, amx_emulate), name=name,
+               isa=isa + ("-emulated" if amx_emulate else ""))
     lib = _libs.get(so)
     if lib is None:
         lib = ctypes.CDLL(so)
