@@ -6,6 +6,7 @@ Public API (see README.md, "Public API" and "Where things live"):
     patch_transformers()          transformers 5.x loading (awq_inductor.integrations.transformers)
     awq_inductor_backend          torch.compile backend, also ``backend="awq_inductor"`` (awq_inductor.inductor)
     config                        package settings
+    awq_inductor.transform.tp     tensor parallelism over torch.distributed (tp.shard(model, group))
     torch.ops.awq.int4_mm*        the custom ops (awq_inductor.ops, from the table in awq_inductor.schemes)
 """
 from __future__ import annotations

@@ -121,7 +121,23 @@ def main(argv=None) -> int:
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"),
                    help="where the default model is cached (default ~/.cache/awq_inductor/models)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default 0)")
+    p.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="tensor parallelism over N ranks: run as torchrun --nproc-per-node N -m awq_inductor --tp N; "
+                        "each rank pins its threads to its own cores, rank 0 prints; the dense and int4pack "
+                        "baselines are skipped")
+    p.add_argument("--tp-cores", default=None, metavar="LISTS",
+                   help="with --tp: the cores of each local rank, ';'-separated cpulists (e.g. '0-27;28-55'); "
+                        "default: whole NUMA nodes per rank when they divide evenly, else an even split of the "
+                        "affinity mask")
     args = p.parse_args(argv)
+    tp_info = None
+    if args.tp:
+        from .transform import tp as _tp
+
+        tp_info = _tp.init_from_env(args.tp, args.tp_cores, args.threads)
+        args.no_dense = args.no_int4pack = True
+        if tp_info["rank"] != 0:
+            sys.stdout = open(os.devnull, "w")
 
     import torch
     import transformers
@@ -129,19 +145,34 @@ def main(argv=None) -> int:
     from .integrations.transformers import patch_transformers
     from .transform import count_int4_linears
 
-    if args.threads:
+    if args.threads and not tp_info:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, DTYPES[args.dtype])
     _log(f"awq_inductor: torch {torch.__version__}, transformers {transformers.__version__}, "
          f"{torch.get_num_threads()} threads, activations {dtype}")
 
+    if tp_info:
+        import torch.distributed as dist
+
+        _log(f"tensor parallel: {args.tp} ranks (gloo), rank 0 on cores {tp_info['cores']}, "
+             f"{tp_info['threads']} threads per rank")
+        if tp_info["rank"] != 0 and not args.model:
+            dist.barrier()  # rank 0 builds the default model first
     path = args.model or default_model_dir(args.cache_dir, args.group_size)
+    if tp_info and tp_info["rank"] == 0 and not args.model:
+        dist.barrier()
     patch_transformers()
 
     _log("Loading and converting (int4 linears -> AWQLinear, q/k/v and gate/up fusion)...")
     t0 = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # tqdm bars on a terminal
     model.eval()
+    if tp_info:
+        from .transform import tp as _tp
+
+        _tp.shard(model)
+        _log(f"  sharded over {args.tp} ranks: {model.config.num_attention_heads} query / "
+             f"{model.config.num_key_value_heads} KV heads per rank, all_reduce after o_proj and down_proj")
     n_int4 = count_int4_linears(model)
     _log(f"  loaded {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {n_int4} int4 linears "
          f"({n_int4 / max(model.config.num_hidden_layers, 1):.0f} per layer)")
@@ -201,6 +232,10 @@ def main(argv=None) -> int:
         pct, first = agree(a, b)
         where = "all identical" if first is None else f"first difference at new token {first}"
         _log(f"  {a} vs {b}: {pct:.0f}% identical ({where})")
+    if tp_info:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     return 0
 
 

@@ -26,3 +26,20 @@ def inductor_clean():
     with iconfig.patch(force_disable_caches=True):
         yield
     torch._dynamo.reset()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-examples", type=int, default=None,
+                     help="hypothesis examples per fuzz test (tests/test_fuzz.py); also $AWQ_FUZZ_EXAMPLES. "
+                          "Given, the default ~60 s time budget is lifted unless $AWQ_FUZZ_SECONDS is set.")
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    mod = sys.modules.get("test_fuzz")
+    stats = getattr(mod, "STATS", None)
+    if stats:
+        terminalreporter.write_sep("-", "awq_inductor fuzzing")
+        for line in mod.summary_lines():
+            terminalreporter.write_line(line)

@@ -60,7 +60,7 @@ def test_backend_config_patches():
     assert type(p["post_grad_custom_post_pass"]).__name__ == "AwqCachePass"
     other = lowering.cache_pass()
     p2 = backend_config_patches({"post_grad_custom_post_pass": [object()]})
-    assert len(p2["post_grad_custom_post_pass"]) == 2 and other.uuid() == lowering.sources_hash()
+    assert len(p2["post_grad_custom_post_pass"]) == 2 and other.uuid() == lowering.cache_uuid()
 
 
 def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):

@@ -18,7 +18,7 @@ from awq_inductor.kernels import isa as isa_mod
 from awq_inductor import ops as awq_ops
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear
 
-HAS_AVX512 = isa_mod.hardware() in ("avx512", "amx")
+HAS_AVX512 = isa_mod.hardware_isa() in ("avx512", "amx")
 ISAS = [pytest.param("avx512", marks=pytest.mark.skipif(not HAS_AVX512, reason="needs AVX512-VNNI/BF16")),
         "portable",
         pytest.param("amx_emulated", marks=pytest.mark.skipif(not HAS_AVX512, reason="emulator built with AVX512"))]

@@ -41,10 +41,11 @@ try:  # private APIs: if one moved, install() raises it and register() warns; th
 except ImportError as e:
     _MISSING_API = e
     CppTemplate = object  # the class statement below still runs; install() refuses
-from torch._inductor.custom_graph_pass import CustomGraphPass  # noqa: E402  (public: the FX-cache pass)
+from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraphPass  # noqa: E402  (public)
 
 from .. import config as awq_config
-from ..kernels import codegen, isa as isa_mod
+from ..kernels import cache_key, codegen, isa as isa_mod
+from ..kernels.toolchain import require_cxx
 from ..schemes import OPS, Op
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,16 @@ def templates_dir() -> Path:
 
 
 def sources_hash() -> str:
-    """sha256 over csrc_templates/**/*.j2, this file, codegen.py and codegen.templates_hash().
+    """sha256 over csrc_templates/**/*.j2, this file, kernels/{codegen,cache_key,isa}.py and
+    codegen.templates_hash().
 
     Used as the uuid of the FX-graph-cache pass (see :func:`cache_pass`): Inductor's FX cache key
     does not cover third-party lowerings, so without it an edited template hits stale code.
     """
     h = hashlib.sha256()
-    files = sorted(templates_dir().rglob("*.j2")) + [Path(__file__).resolve(), Path(codegen.__file__).resolve()]
+    kernels = Path(codegen.__file__).resolve().parent
+    files = sorted(templates_dir().rglob("*.j2")) + [Path(__file__).resolve()] + [
+        kernels / f for f in ("codegen.py", "cache_key.py", "isa.py")]
     for f in files:
         h.update(f.name.encode())
         try:
@@ -79,32 +83,68 @@ def sources_hash() -> str:
     return h.hexdigest()
 
 
+def cache_uuid() -> str:
+    """The FX-graph-cache key part of our code generation, computed when Inductor computes its key
+    (same process, same settings as the code generation that follows): the sources
+    (:func:`sources_hash`), every awq_inductor.config setting, the thread count, the CPU and the
+    ISA :func:`choose_isa` picks now (see awq_inductor.kernels.cache_key)."""
+    return cache_key.fx_key(choose_isa(), sources_hash())
+
+
 class AwqCachePass(CustomGraphPass):
-    """No-op post-grad pass; its uuid puts our templates and lowering into the FX cache key."""
+    """No-op post-grad pass; its uuid puts our code generation's inputs into the FX cache key."""
 
     def __call__(self, graph) -> None:
         return None
 
     def uuid(self):
-        return sources_hash()
+        return cache_uuid()
 
 
 def cache_pass() -> AwqCachePass:
     return AwqCachePass()
 
 
-def _inductor_caps():
-    isa = pick_vec_isa()
-    return isinstance(isa, VecAVX512) and bool(isa), isinstance(isa, VecAMX) and bool(isa)
+class AwqCpuKeyPass(CustomGraphModulePass):
+    """The same key for plain ``torch.compile`` (backend ``inductor``), which installs no pass of
+    ours: registered as Inductor's per-device custom pass for ``cpu`` (hashed into the FX and
+    AOTAutograd cache keys, ``codecache.FxGraphHashDetails.custom_backend_passes``). Runs a
+    pass that was registered there before it, if any."""
+
+    def __init__(self, inner=None):
+        self.inner = inner
+
+    def __call__(self, gm) -> None:
+        if self.inner is not None:
+            self.inner(gm)
+
+    def uuid(self):
+        inner = self.inner.uuid() if self.inner is not None else None
+        return cache_uuid() if inner is None else f"{inner}+{cache_uuid()}"
+
+
+def install_cpu_key_pass() -> None:
+    from torch._inductor.codegen import common as codegen_common
+
+    codegen_common.init_backend_registration()  # so a later call does not reset "cpu"
+    current = codegen_common.custom_backend_passes.get("cpu")
+    if not isinstance(current, AwqCpuKeyPass):
+        codegen_common.custom_backend_passes["cpu"] = AwqCpuKeyPass(current)
+
+
+def _inductor_isa() -> str:
+    if _MISSING_API is not None:  # no template will be generated; the key stays computable
+        return "portable"
+    vec = pick_vec_isa()  # also requests the AMX permission where Inductor uses AMX
+    return "amx" if isinstance(vec, VecAMX) and bool(vec) else "avx512" if isinstance(vec, VecAVX512) and bool(vec) \
+        else "portable"
 
 
 def choose_isa() -> str:
-    """The ISA at code-generation time: ``config.force_isa``, else the one Inductor's
-    ``pick_vec_isa()`` compiles for (which also requests AMX permission for the process)."""
-    isa = isa_mod.select(_inductor_caps)
-    if isa == "amx":
-        isa_mod.request_amx()
-    return isa
+    """The ISA at code-generation time: ``config.force_isa``, else the package's own decision
+    (AVX512-BF16 needed by our AVX512/AMX micro-kernels, AMX permission) capped by the one
+    Inductor's ``pick_vec_isa()`` compiles for."""
+    return isa_mod.select(_inductor_isa)
 
 
 def _is_static(node) -> bool:
@@ -234,6 +274,7 @@ def lower(op: Op, x, *args):
     if why is not None:
         log.debug("%s: extern fallback (%s)", op.name, why)
         return L.fallback_handler(torch_op, add_to_fallback_set=False)(x, *args)
+    require_cxx()  # plain torch.compile: name the missing compiler before Inductor trips on it
     tensors = [x, *weights] + ([bias] if bias is not None else [])
     tensors = [ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(t)) for t in tensors]
     x_ = tensors[0]
@@ -260,6 +301,7 @@ def install() -> None:
         raise _MISSING_API
     for op in OPS.values():
         L.register_lowering(op.torch_op.default, type_promotion_kind=None)(_lowering_of(op))
+    install_cpu_key_pass()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,5 +326,6 @@ def compile_with_inductor(gm, example_inputs, config_patches: dict):
 
     from . import register
 
+    require_cxx()  # a clear CompilerNotFoundError now rather than one from deep inside Inductor
     register()
     return compile_fx(gm, example_inputs, config_patches=config_patches)

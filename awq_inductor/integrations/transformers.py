@@ -42,6 +42,7 @@ one (through this patch, or through any other AWQ/GPTQ loader).
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -85,22 +86,91 @@ _ST_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32
               "I16": torch.int16, "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8, "F64": torch.float64}
 
 
-def read_checkpoint_header(checkpoint_files: Optional[Iterable[str]]) -> Optional[Dict[str, Tuple[Tuple[int, ...], Optional[torch.dtype]]]]:
-    """{key: (shape, dtype)} from the safetensors headers (no tensor data); None if unknown."""
+_ST_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I32": 4, "I16": 2, "I64": 8, "U8": 1, "I8": 1, "F64": 8,
+                "BOOL": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def read_checkpoint_headers(checkpoint_files: Optional[Iterable[str]]
+                            ) -> Optional[Dict[str, Tuple[Tuple[int, ...], Optional[torch.dtype], str]]]:
+    """{key: (shape, dtype, file)} from the safetensors headers (no tensor data); None if unknown.
+
+    Each file is checked against its header before anything is loaded: a truncated file (header
+    or tensor data cut short), an unreadable header, or a tensor whose byte range does not match
+    its shape and dtype raises :class:`CheckpointError` naming the file and the tensor."""
     if not checkpoint_files:
         return None
     out = {}
     for path in checkpoint_files:
         if not str(path).endswith(".safetensors"):
             return None
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
+            if size < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)")
             n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
+            if n > size - 8:
+                raise CheckpointError(f"{path}: truncated safetensors file: the header needs {n} bytes, "
+                                      f"the file has {size - 8} after the length prefix")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError as e:
+                raise CheckpointError(f"{path}: unreadable safetensors header ({e})") from e
+        data = size - 8 - n
         for k, v in header.items():
             if k == "__metadata__":
                 continue
-            out[k] = (tuple(v["shape"]), _ST_DTYPES.get(v["dtype"]))
+            try:
+                shape, dt, (b, e) = tuple(int(x) for x in v["shape"]), str(v["dtype"]), v["data_offsets"]
+            except (KeyError, TypeError, ValueError) as err:
+                raise CheckpointError(f"{path}: tensor {k}: malformed header entry {v!r}") from err
+            numel = 1
+            for d in shape:
+                numel *= d
+            want = numel * _ST_ITEMSIZE.get(dt, 0)
+            if dt in _ST_ITEMSIZE and e - b != want:
+                raise CheckpointError(f"{path}: tensor {k}: {dt} {list(shape)} needs {want} bytes, "
+                                      f"its data_offsets [{b}, {e}] hold {e - b}")
+            if e > data:
+                raise CheckpointError(f"{path}: truncated safetensors file: tensor {k} needs data bytes "
+                                      f"[{b}, {e}), the file holds {data}")
+            out[k] = (shape, _ST_DTYPES.get(dt), str(path))
     return out
+
+
+def read_checkpoint_header(checkpoint_files: Optional[Iterable[str]]) -> Optional[Dict[str, Tuple[Tuple[int, ...], Optional[torch.dtype]]]]:
+    """{key: (shape, dtype)} from the safetensors headers (no tensor data); None if unknown."""
+    h = read_checkpoint_headers(checkpoint_files)
+    return None if h is None else {k: (shape, dt) for k, (shape, dt, _) in h.items()}
+
+
+def _expected_dtypes(fmt: str) -> Dict[str, Tuple[str, Tuple[torch.dtype, ...]]]:
+    """Checkpoint tensor -> (description, accepted dtypes)."""
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    ints = (torch.int32, torch.int64, torch.int16)
+    qw = ("int16", (torch.int16,)) if fmt == "gemv_fast" else ("int32", (torch.int32,))
+    qz = ("float16/bfloat16/float32", floats) if fmt == "gemv_fast" else ("int32", (torch.int32,))
+    return {"qweight": qw, "qzeros": qz, "scales": ("float16/bfloat16/float32", floats),
+            "bias": ("float16/bfloat16/float32", floats), "g_idx": ("an integer dtype", ints)}
+
+
+def check_loaded_int4_tensors(model) -> None:
+    """After the tensors are loaded, before conversion: scales (and float zeros, bias) of every
+    int4 placeholder must be finite; raise :class:`CheckpointError` naming file and tensor."""
+    for name, mod in model.named_modules():
+        if not isinstance(mod, CheckpointInt4Linear):
+            continue
+        names = ["scales", "bias"] + (["qzeros"] if mod.qzeros.is_floating_point() else [])
+        for t in names:
+            v = getattr(mod, t, None)
+            if v is None or v.device.type == "meta":
+                continue
+            bad = ~torch.isfinite(v)
+            if bool(bad.any()):
+                ckey, path = getattr(mod, "_awq_ckpt", {}).get(t, (f"{name}.{t}", "the checkpoint"))
+                idx = [int(i) for i in bad.nonzero()[0]]
+                raise CheckpointError(
+                    f"{path}: tensor {ckey}: expected finite values, got {int(bad.sum())} NaN/Inf "
+                    f"(first at index {idx}: {v[tuple(idx)].item()})")
 
 
 def _map_key(key: str, names: set, prefix: str) -> str:
@@ -148,7 +218,8 @@ class _InductorQuantizer(HfQuantizer):
     def validate_environment(self, *args, **kwargs):
         cfg = self.quantization_config
         if getattr(cfg, "bits", 4) != 4:
-            raise NotImplementedError(f"awq_inductor: only 4-bit checkpoints are supported, got bits={cfg.bits}")
+            raise CheckpointError(f"config.json: quantization_config.bits: expected 4 (awq_inductor runs int4 "
+                                  f"checkpoints only), got {cfg.bits!r}")
 
     def update_device_map(self, device_map):
         return device_map
@@ -174,7 +245,8 @@ class _InductorQuantizer(HfQuantizer):
         skip = self.get_modules_to_not_convert(model, getattr(cfg, "modules_to_not_convert", None),
                                                getattr(model, "_keep_in_fp32_modules", None), add_default_skips=True)
         self.modules_to_not_convert = skip
-        header = read_checkpoint_header(kwargs.get("checkpoint_files"))
+        headers = read_checkpoint_headers(kwargs.get("checkpoint_files"))
+        header = None if headers is None else {k: v[:2] for k, v in headers.items()}
         names = set()
         for name, _ in model.named_modules():
             names.add(name)
@@ -202,6 +274,9 @@ class _InductorQuantizer(HfQuantizer):
             with torch.device("meta"):
                 ph = CheckpointInt4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
                                           group_size=cfg.group_size, format=fmt, dtypes=dtypes, g_idx=has_gidx)
+            if headers is not None:  # checkpoint key and file of each tensor, for error messages
+                ph._awq_ckpt = {t: (hkeys[f"{name}.{t}"][0], headers[hkeys[f"{name}.{t}"][0]][2])
+                                for t in ("qweight", "qzeros", "scales", "bias", "g_idx") if f"{name}.{t}" in hkeys}
             model.set_submodule(name, ph)
             placeholders[name] = ph
         if not placeholders:
@@ -252,18 +327,25 @@ class _InductorQuantizer(HfQuantizer):
             exp = checkpoint_shapes(ph.format, ph.in_features, ph.out_features, ph.group_size)
             if ph.bias is not None:
                 exp["bias"] = ((ph.out_features,), None)
+            want_dt = _expected_dtypes(ph.format)
+            files = getattr(ph, "_awq_ckpt", {})
             for t, (shape, _) in exp.items():
                 key = f"{name}.{t}"
+                where = f"{files[t][1]}: " if t in files else ""
                 if key not in hkeys:
                     problems.append(f"{key}: missing from the checkpoint")
                 elif tuple(hkeys[key][1][0]) != tuple(shape):
-                    problems.append(f"{hkeys[key][0]}: expected shape {list(shape)} for format "
+                    problems.append(f"{where}{hkeys[key][0]}: expected shape {list(shape)} for format "
                                     f"{ph.format!r}, got {list(hkeys[key][1][0])}")
+                elif hkeys[key][1][1] not in want_dt[t][1]:
+                    problems.append(f"{where}{hkeys[key][0]}: expected dtype {want_dt[t][0]} for format "
+                                    f"{ph.format!r}, got {hkeys[key][1][1]}")
         if problems:
             raise CheckpointError("awq_inductor: checkpoint does not match the model "
                                   f"({len(problems)} problems): " + "; ".join(problems[:12]))
 
     def _process_model_after_weight_loading(self, model, **kwargs):
+        check_loaded_int4_tensors(model)
         not_loaded = [k for k, v in model.state_dict(keep_vars=True).items()
                       if not getattr(v, "_is_hf_initialized", False)]
         # tied weights share the tensor of their source, which carries the mark

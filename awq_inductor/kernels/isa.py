@@ -1,23 +1,39 @@
-"""The micro-kernel ISAs: names, compiler flags, and the one rule that picks one for a CPU.
+"""The micro-kernel ISAs: names, compiler flags, and the one place that picks one.
 
 ``amx``      AMX tiles (bf16 and int8) for many rows, AVX512 kernels otherwise
 ``avx512``   AVX512F/BW/VL/DQ + AVX512-BF16 + AVX512-VNNI kernels
 ``portable`` plain C++ (any CPU the compiler targets)
 
-:func:`select` is the only place that maps CPU capabilities to one of those. The eager kernels
-ask the CPU (:func:`hardware`); the Inductor lowering hands in the capabilities of Inductor's own
-``pick_vec_isa()`` so our code compiles under Inductor's flags. ``config.force_isa`` wins over both.
+:func:`hardware_isa` is what this CPU *and OS* run, decided once per process, with one message
+each for the cases a user should know about:
+
+* AMX in CPUID but the OS refuses the tile permission (``arch_prctl(ARCH_REQ_XCOMP_PERM)`` fails,
+  as in some VMs and containers): the AVX512 kernels, after **one** ``RuntimeWarning``.
+* no AVX512-BF16 (e.g. an AVX2-only CPU): the portable C++ kernels, named in **one** log line
+  (logger ``awq_inductor.kernels.isa``, level WARNING).
+
+:func:`select` is what code is generated for: ``config.force_isa``, else :func:`hardware_isa`, capped
+by what the target compiles for (the Inductor lowering hands in Inductor's ``pick_vec_isa()``).
+Read when a kernel is built or code is generated (never in ``forward``). Tests replace the CPU
+probe and the AMX permission request with :func:`fake_cpu`. No torch._inductor imports here.
 """
 from __future__ import annotations
 
-import functools
-from typing import Callable, List, Optional, Tuple
+import contextlib
+import dataclasses
+import logging
+import threading
+import warnings
+from typing import Callable, Iterator, List, Optional, Union
 
 import torch
 
 from .. import config
 
+log = logging.getLogger(__name__)
+
 ISAS = config.ISAS
+_RANK = {"portable": 0, "avx512": 1, "amx": 2}
 
 _AVX512_FLAGS = [
     "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx512vnni",
@@ -29,8 +45,111 @@ _AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"]
 _AVX512_TARGET = "avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx512vnni,fma,f16c"
 _AMX_TARGET = "amx-tile,amx-bf16,amx-int8"
 
-#: (has AVX512, has AMX tiles) of a CPU or of a compiler target.
-Caps = Tuple[bool, bool]
+
+@dataclasses.dataclass(frozen=True)
+class CpuFeatures:
+    """What CPUID says (via torch.cpu): AVX512F, AVX512-BF16, AMX tiles."""
+
+    avx512: bool
+    avx512_bf16: bool
+    amx_tile: bool
+
+
+def _cpu_has(name: str) -> bool:
+    fn = getattr(torch.cpu, name, None) or getattr(torch._C._cpu, name, None)
+    try:
+        return bool(fn()) if fn is not None else False
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _probe_cpu() -> CpuFeatures:
+    return CpuFeatures(avx512=_cpu_has("_is_avx512_supported"),
+                       avx512_bf16=_cpu_has("_is_avx512_bf16_supported"),
+                       amx_tile=_cpu_has("_is_amx_tile_supported"))
+
+
+def _request_amx_permission() -> bool:
+    """``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`` through torch (process-wide)."""
+    try:
+        return bool(torch.cpu._init_amx())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+_lock = threading.Lock()
+_cpu_probe: Callable[[], CpuFeatures] = _probe_cpu
+_amx_probe: Callable[[], bool] = _request_amx_permission
+_decided: Optional[str] = None
+_amx_ok: Optional[bool] = None
+
+
+def cpu_features() -> CpuFeatures:
+    return _cpu_probe()
+
+
+def amx_permission() -> bool:
+    """True once the OS granted AMX tile state to this process (asked once, then remembered)."""
+    global _amx_ok
+    if _amx_ok is None:
+        _amx_ok = bool(_amx_probe())
+    return _amx_ok
+
+
+def hardware_isa() -> str:
+    """The best of ``amx`` / ``avx512`` / ``portable`` this CPU *and OS* run; decided once per
+    process (the messages above are emitted at that moment)."""
+    global _decided
+    if _decided is not None:
+        return _decided
+    with _lock:
+        if _decided is None:
+            _decided = _decide(cpu_features())
+    return _decided
+
+
+def _decide(f: CpuFeatures) -> str:
+    if not (f.avx512 and f.avx512_bf16):
+        missing = [n for n, ok in (("AVX512F", f.avx512), ("AVX512-BF16", f.avx512_bf16)) if not ok]
+        log.warning("awq_inductor: this CPU has no %s; using the portable C++ int4 kernels "
+                    "(correct but several times slower than the AVX512/AMX ones)", " / ".join(missing))
+        return "portable"
+    if f.amx_tile:
+        if amx_permission():
+            return "amx"
+        warnings.warn(
+            "awq_inductor: the CPU reports AMX but the OS refused the AMX tile permission "
+            "(arch_prctl(ARCH_REQ_XCOMP_PERM) failed, as in some VMs and containers); "
+            "using the AVX512 kernels instead", RuntimeWarning, stacklevel=4)
+        return "avx512"
+    return "avx512"
+
+
+def lower_of(a: str, b: str) -> str:
+    """The less capable of two ISA names."""
+    return a if _RANK[a] <= _RANK[b] else b
+
+
+@contextlib.contextmanager
+def fake_cpu(features: Optional[CpuFeatures] = None,
+             amx_permission: Union[None, bool, Callable[[], bool]] = None) -> Iterator[None]:
+    """Tests: pretend the CPU has ``features`` and/or that the AMX permission request returns
+    ``amx_permission`` (a bool, or a callable doing the request); the per-process decision is
+    redone inside and after the block."""
+    global _cpu_probe, _amx_probe, _decided, _amx_ok
+    with _lock:
+        saved = (_cpu_probe, _amx_probe, _decided, _amx_ok)
+        if features is not None:
+            _cpu_probe = lambda: features  # noqa: E731
+        if amx_permission is not None:
+            _amx_probe = amx_permission if callable(amx_permission) else (lambda: amx_permission)  # noqa: E731
+        _decided = _amx_ok = None
+    try:
+        yield
+    finally:
+        with _lock:
+            _cpu_probe, _amx_probe = saved[0], saved[1]
+            _decided = _amx_ok = None
 
 
 def check(isa: str) -> str:
@@ -44,41 +163,16 @@ def amx_emulated(amx_emulate: Optional[bool] = None) -> bool:
     return bool(config.amx_emulation if amx_emulate is None else amx_emulate)
 
 
-def _cpu_has(name: str) -> bool:
-    fn = getattr(torch.cpu, name, None)
-    if fn is None:
-        fn = getattr(torch._C._cpu, name, None)
-    try:
-        return bool(fn()) if fn is not None else False
-    except Exception:
-        return False
-
-
-def _from_caps(caps: Caps) -> str:
-    # Our AVX512 and AMX micro-kernels use AVX512-BF16 (vdpbf16ps) and VNNI: without BF16 on this
-    # CPU both fall back to the portable kernels.
-    avx512, amx = caps
-    if not (avx512 and _cpu_has("_is_avx512_bf16_supported")):
-        return "portable"
-    return "amx" if amx else "avx512"
-
-
-@functools.lru_cache(maxsize=None)
-def hardware() -> str:
-    """The best ISA this CPU runs."""
-    return _from_caps((_cpu_has("_is_avx512_supported"), _cpu_has("_is_amx_tile_supported")))
-
-
-def select(caps: Optional[Callable[[], Caps]] = None) -> str:
-    """``config.force_isa`` if set, else the ISA of ``caps()`` (default: this CPU)."""
-    if config.force_isa is not None:
-        return check(config.force_isa)
-    return hardware() if caps is None else _from_caps(caps())
-
-
-def request_amx() -> bool:
-    """Ask the OS for AMX tile permission for this process (idempotent); False if refused."""
-    return bool(_cpu_has("_is_amx_tile_supported") and torch.cpu._init_amx())
+def select(target: Optional[Callable[[], str]] = None) -> str:
+    """The ISA to generate code for: ``config.force_isa`` if set (asking for the AMX permission
+    when that is ``amx`` on an AMX CPU), else :func:`hardware_isa`, capped by ``target()`` (the ISA
+    the compiler target supports, e.g. Inductor's) when given."""
+    forced = config.force_isa
+    if forced is not None:
+        if check(forced) == "amx" and cpu_features().amx_tile:
+            amx_permission()
+        return forced
+    return hardware_isa() if target is None else lower_of(hardware_isa(), target())
 
 
 def gcc_target(isa: str, amx_emulate: Optional[bool] = None) -> str:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from typing import Callable, List, Optional
@@ -23,6 +21,8 @@ import torch
 from .. import config
 from ..schemes import OPS, W4A16, Op
 from . import codegen, isa as isa_mod
+from .cache_key import native_key
+from .toolchain import compiler_id, require_cxx
 
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
 
@@ -33,21 +33,15 @@ def cache_dir() -> str:
     return d
 
 
-def _compiler() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("g++")
-    if not cxx:
-        raise RuntimeError("awq_inductor: no C++ compiler found (g++ not on PATH and $CXX unset); "
-                           "the int4 kernels are compiled at first use")
-    return cxx
-
-
-def build(source: str, flags: List[str], name: str = "awq_int4_mm") -> str:
-    """Compile ``source`` into a shared object (cached on disk); return its path."""
-    cxx = _compiler()
+def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optional[str] = None) -> str:
+    """Compile ``source`` into a shared object (cached on disk); return its path. The file name
+    carries ``isa`` and a key over the source, the ISA, every flag and the compiler (path and
+    version): :func:`awq_inductor.kernels.cache_key.native_key`."""
+    cxx = require_cxx()
     all_flags = _BASE_FLAGS + list(flags)
-    key = hashlib.sha256((source + "\0" + " ".join(all_flags) + "\0" + cxx).encode()).hexdigest()[:32]
+    key = native_key(source, all_flags, isa, compiler_id(cxx))
     d = cache_dir()
-    so = os.path.join(d, f"{name}_{key}.so")
+    so = os.path.join(d, f"{name}_{isa or 'any'}_{key}.so")
     if os.path.exists(so):
         return so
     fd, tmp_cpp = tempfile.mkstemp(suffix=".cpp", prefix=f"{name}_{key}_", dir=d)
@@ -80,12 +74,14 @@ def _library(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) ->
     scheme = next(op.scheme for op in OPS.values() if op.scheme.name == scheme_name)
     if isa == "amx" and not emulate and (scheme is not W4A16 or x_dtype == torch.bfloat16):
         # the W4A16 AMX path runs for bf16 only; W4A8 uses AMX int8 tiles for any x dtype
-        if not isa_mod.request_amx():
+        if not isa_mod.amx_permission():
             raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
                                "permission (torch.cpu._init_amx() returned False); "
                                "set awq_inductor.config.force_isa = 'avx512'")
     src = codegen.render_eager(scheme, isa, x_dtype, emulate)
-    return ctypes.CDLL(build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}"))
+    so = build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}",
+               isa=isa + ("-emulated" if emulate else ""))
+    return ctypes.CDLL(so)
 
 
 def _entry(op: Op, isa: str, x_dtype: torch.dtype, emulate: bool):
@@ -115,6 +111,13 @@ def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callabl
     kernel.isa = isa  # type: ignore[attr-defined]
     kernel.amx_emulated = emulate  # type: ignore[attr-defined]
     return kernel
+
+
+def forget_kernels() -> None:
+    """Drop the kernels and libraries loaded in this process (tests: the next call builds again,
+    e.g. under another cache directory or a faked CPU)."""
+    _kernel.cache_clear()
+    _library.cache_clear()
 
 
 def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:

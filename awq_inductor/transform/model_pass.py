@@ -62,6 +62,8 @@ from .. import formats, packing
 from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
 from ..progress import track
 from ..schemes import scheme_for
+from . import load_memory
+
 #: (fused attribute, parts in output order)
 FUSIONS = (
     ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
@@ -430,19 +432,29 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     ``progress``: a tqdm bar over the replaced modules (None: on a terminal only).
     """
     scheme_for(act_quant)  # validates the choice
-    todo = [(n, m) for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
-    for name, mod in track(todo, "awq_inductor: converting", progress):
+    # Names only: each checkpoint module is dropped as soon as it is replaced, so loading never
+    # holds the whole checkpoint and the whole packed model at once (peak load memory).
+    # The checkpoint pages a converted module was read from are released (load_memory).
+    todo = [n for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
+    maps = load_memory.file_mappings() if todo else []
+    for name in track(todo, "awq_inductor: converting", progress):
+        old = model.get_submodule(name)
         try:
-            new = _to_awq_linear(mod)
+            new = _to_awq_linear(old)
         except (ValueError, NotImplementedError) as e:
             raise type(e)(f"{name}: {e}") from e
+        load_memory.drop_file_pages(list(old.buffers()) + list(old.parameters()), maps)
         model.set_submodule(name, new)
+        del new, old
+        load_memory.trim_heap()
     if fuse:
         for name, module in list(model.named_modules()):
             if _fuse_gated_mlp(module, act_quant):
+                load_memory.trim_heap()
                 continue
             for fused_attr, parts in FUSIONS:
-                _fuse_module(module, fused_attr, parts)
+                if _fuse_module(module, fused_attr, parts):
+                    load_memory.trim_heap()
     for name, mod in list(model.named_modules()):
         if isinstance(mod, (AWQLinear, AWQGateUpSiluMul)) and mod.act_quant != act_quant:
             model.set_submodule(name, mod.with_act_quant(act_quant))

@@ -1,0 +1,494 @@
+"""Tensor parallelism over ``torch.distributed``: one process per socket / NUMA node.
+
+    torchrun --nproc-per-node 2 -m awq_inductor --tp 2            # the demo, sharded
+
+    import torch.distributed as dist, awq_inductor
+    from awq_inductor import tp
+    dist.init_process_group("gloo")
+    model = AutoModelForCausalLM.from_pretrained(awq_dir)            # patch_transformers() + convert
+    tp.shard(model)                                                   # group=None: the WORLD group
+    model.forward = torch.compile(model.forward, backend="awq_inductor")
+
+:func:`shard` rewrites a *converted* model (:func:`awq_inductor.convert`) in place, Megatron /
+gpt-fast style, on every rank of ``group`` (all ranks must hold the same full model):
+
+- **attention**: the fused ``qkv_proj`` (or separate q/k/v) is column-parallel by heads: rank r
+  keeps query heads ``[r*Hq/W, (r+1)*Hq/W)`` and whole KV heads ``[r*Hkv/W, (r+1)*Hkv/W)`` (GQA
+  groups stay on one rank, so ``num_key_value_groups`` is unchanged); the ``OutputSlice`` bounds
+  are rewritten for the local widths. ``o_proj`` is row-parallel: its K (= Hq*d) is split on the
+  same head boundaries, which must fall on group boundaries (``(Hq/W)*d % G == 0``).
+  ``model.config.num_attention_heads`` / ``num_key_value_heads`` become the per-rank counts
+  (``head_dim`` is written explicitly first), so caches built from the config are per rank; the
+  attention forward itself views with ``-1`` heads.
+- **gated MLP**: gate|up is column-parallel, both halves split alike (rank r keeps gate and up rows
+  ``[r*I/W, (r+1)*I/W)``, split in the canonical [gate ; up] order and interleaved per rank for
+  :class:`~awq_inductor.nn.AWQGateUpSiluMul`); ``down_proj`` is row-parallel over K = I.
+- **row-parallel layers** become :class:`RowParallelLinear`: the local int4 GEMM (no bias), then
+  ``torch.distributed._functional_collectives.all_reduce(y, "sum", group)`` (a graph op, so
+  ``torch.compile`` keeps it in the graph, no graph break), then the bias, added once.
+- a dense ``lm_head`` is split over the vocabulary (:class:`VocabParallelLMHead`: local rows, then
+  ``all_gather_tensor`` of the logits along the last dim), so each rank reads 1/W of it per token
+  (``vocab_parallel=False`` replicates it); embedding and norms are replicated.
+
+Weights are split in the canonical form (q uint8 [N, K], zeros / scales [N, K/G]) and packed again
+per rank, so every checkpoint format and both schemes (W4A16, W4A8 ``act_quant="int8"``) shard
+alike. Everything is checked before the model is modified: a layout that cannot be split raises
+:class:`TPError` naming the layer, the expected and the actual value.
+
+Loading: every rank loads the full checkpoint, converts it, then shards (per-rank reading of only
+the local slices from safetensors is not implemented).
+
+:func:`rank_cores` / :func:`pin_rank` give each local rank its own cores (from the NUMA layout in
+``/sys/devices/system/node`` when it splits evenly, else an even split of the affinity mask).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from .model_pass import OutputSlice
+from ..nn import AWQGateUpSiluMul, AWQLinear
+
+
+class TPError(ValueError):
+    """A model that cannot be sharded as asked (names the layer, expected and actual value)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The row-parallel module
+# ---------------------------------------------------------------------------------------------
+class RowParallelLinear(nn.Module):
+    """``all_reduce(linear(x), "sum") + bias``: the local K-slice of a row-parallel int4 linear.
+
+    ``linear`` is an :class:`AWQLinear` without bias over this rank's K-slice; ``bias`` (fp32 [N]
+    or None) is added after the reduce, so it counts once. ``in_features`` is the local K,
+    ``out_features`` the full N."""
+
+    def __init__(self, linear: AWQLinear, bias: Optional[torch.Tensor], group, world_size: int):
+        super().__init__()
+        self.linear = linear
+        self.group = group
+        self.world_size = world_size
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        if bias is not None:
+            self.register_buffer("bias", bias.detach().to(torch.float32).clone())
+        else:
+            self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if self.world_size > 1:
+            from torch.distributed import _functional_collectives as funcol
+
+            if self.group is None:
+                raise RuntimeError("RowParallelLinear: sharded with an explicit rank / world_size and no "
+                                   "process group, so there is nothing to all-reduce over")
+
+            y = funcol.all_reduce(y, "sum", self.group)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"world_size={self.world_size}, bias={self.bias is not None} (after all_reduce)"
+
+
+class VocabParallelLMHead(nn.Module):
+    """The output projection split over the vocabulary: ``all_gather(x @ W_r.T + b_r)`` along the last
+    dim, W_r = rows ``[r*V/W, (r+1)*V/W)`` of the dense ``lm_head`` (V padded with zero rows to a
+    multiple of W, the padding sliced off after the gather). Each rank reads 1/W of the head per token."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], vocab_size: int, group, world_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().contiguous(), requires_grad=False)
+        self.vocab_size = vocab_size
+        self.group = group
+        self.world_size = world_size
+        self.in_features, self.out_features = weight.shape[1], vocab_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.linear(x, self.weight, self.bias)
+        if self.world_size > 1:
+            from torch.distributed import _functional_collectives as funcol
+
+            if self.group is None:
+                raise RuntimeError("VocabParallelLMHead: sharded with an explicit rank / world_size and no "
+                                   "process group, so there is nothing to gather over")
+            y = funcol.all_gather_tensor(y.contiguous(), gather_dim=y.dim() - 1, group=self.group)
+        if y.shape[-1] != self.vocab_size:
+            y = y[..., :self.vocab_size]
+        return y
+
+    def extra_repr(self) -> str:
+        return f"local_rows={self.weight.shape[0]}, vocab_size={self.vocab_size}, world_size={self.world_size}"
+
+
+def _plan_lm_head(model: nn.Module, rank: int, world: int, group) -> Plan:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not nn.Linear or world == 1:
+        return []  # not a dense head (or nothing to split): replicated
+    name = next(n for n, m in model.named_modules() if m is head)
+    parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+    V = head.out_features
+    v = -(-V // world)
+    w = head.weight.detach()
+    b = head.bias.detach() if head.bias is not None else None
+    if v * world != V:
+        w = torch.cat([w, w.new_zeros(v * world - V, w.shape[1])])
+        b = None if b is None else torch.cat([b, b.new_zeros(v * world - V)])
+    sl = slice(rank * v, (rank + 1) * v)
+    new = VocabParallelLMHead(w[sl].clone(), None if b is None else b[sl].clone(), V, group, world)
+    return [(parent, name.rpartition(".")[2], new)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Slicing in canonical form
+# ---------------------------------------------------------------------------------------------
+def _rows(ranges: Sequence[Tuple[int, int]]) -> torch.Tensor:
+    return torch.cat([torch.arange(a, b) for a, b in ranges])
+
+
+def _source(mod, **extra):
+    src = dict(getattr(mod, "awq_source", None) or {})
+    src.update(extra)
+    return src
+
+
+def _column_linear(name: str, lin: AWQLinear, ranges: Sequence[Tuple[int, int]]) -> AWQLinear:
+    """The output rows ``ranges`` of ``lin`` (canonical slice, packed again)."""
+    q, z, s = lin.canonical()
+    idx = _rows(ranges)
+    bias = lin.bias.detach()[idx] if lin.bias is not None else None
+    try:
+        new = AWQLinear.from_canonical(q[idx].contiguous(), z[idx].contiguous(), s[idx].contiguous(), bias,
+                                       group_size=lin.group_size, act_quant=lin.act_quant)
+    except ValueError as e:
+        raise TPError(f"{name}: {e}") from e
+    new.awq_source = _source(lin, tp_rows=list(ranges))
+    return new
+
+
+def _check_k_split(name: str, k_local: int, group_size: int, what: str) -> None:
+    if k_local % group_size:
+        raise TPError(f"{name}: row-parallel split of K needs K / world_size ({what}) to be a multiple of "
+                      f"group_size {group_size}, got {k_local}")
+
+
+def _row_linear(name: str, lin: AWQLinear, k0: int, k1: int, group, world: int) -> RowParallelLinear:
+    """Columns [k0, k1) of ``lin``'s K as a :class:`RowParallelLinear` (bias after the reduce)."""
+    G = lin.group_size
+    if k0 % G or k1 % G:
+        raise TPError(f"{name}: row-parallel K slice [{k0}, {k1}) must start and end on group boundaries "
+                      f"(group_size {G})")
+    q, z, s = lin.canonical()
+    try:
+        inner = AWQLinear.from_canonical(q[:, k0:k1].contiguous(), z[:, k0 // G:k1 // G].contiguous(),
+                                         s[:, k0 // G:k1 // G].contiguous(), None, group_size=G,
+                                         act_quant=lin.act_quant)
+    except ValueError as e:
+        raise TPError(f"{name}: {e}") from e
+    inner.awq_source = _source(lin, tp_cols=(k0, k1))
+    return RowParallelLinear(inner, lin.bias, group, world)
+
+
+def _need(name: str, mod, cls, what: str):
+    if not isinstance(mod, cls):
+        raise TPError(f"{name}: expected {what} to be {cls.__name__} (convert the model first, "
+                      f"and only int4 projections are sharded), got {type(mod).__name__}")
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning: every new module is built (and every check made) before anything is replaced
+# ---------------------------------------------------------------------------------------------
+Plan = List[Tuple[nn.Module, str, nn.Module]]  # (parent, attribute, new module)
+
+
+def _plan_attention(name: str, attn: nn.Module, hq_all: int, hkv_all: int, rank: int, world: int,
+                    group) -> Plan:
+    d = getattr(attn, "head_dim", None)
+    if not isinstance(d, int):
+        raise TPError(f"{name}: expected an attention module with an int head_dim, got {d!r}")
+    if hq_all % world or hkv_all % world:
+        raise TPError(f"{name}: attention heads must divide over the {world} ranks (whole KV heads per rank): "
+                      f"num_attention_heads={hq_all}, num_key_value_heads={hkv_all}")
+    hq, hkv = hq_all // world, hkv_all // world
+    widths = {"q_proj": hq_all * d, "k_proj": hkv_all * d, "v_proj": hkv_all * d}
+    local = {"q_proj": hq * d, "k_proj": hkv * d, "v_proj": hkv * d}
+    plan: Plan = []
+    mods = attn._modules
+    if isinstance(mods.get("qkv_proj"), AWQLinear) and all(isinstance(mods.get(p), OutputSlice) for p in widths):
+        fused = mods["qkv_proj"]
+        ranges, off = [], 0
+        for p, n in widths.items():
+            sl = mods[p]
+            if (sl.start, sl.stop) != (off, off + n):
+                raise TPError(f"{name}.{p}: expected qkv_proj[..., {off}:{off + n}] ({n // d} heads x {d}), "
+                              f"got [{sl.start}:{sl.stop}]")
+            ranges.append((off + rank * local[p], off + (rank + 1) * local[p]))
+            off += n
+        if fused.out_features != off:
+            raise TPError(f"{name}.qkv_proj: expected out_features {off}, got {fused.out_features}")
+        plan.append((attn, "qkv_proj", _column_linear(f"{name}.qkv_proj", fused, ranges)))
+        off = 0
+        for p in widths:
+            plan.append((attn, p, OutputSlice(off, off + local[p], "qkv_proj")))
+            off += local[p]
+    elif all(isinstance(mods.get(p), AWQLinear) for p in widths) and "qkv_proj" not in mods:
+        for p, n in widths.items():
+            lin = mods[p]
+            if lin.out_features != n:
+                raise TPError(f"{name}.{p}: expected out_features {n}, got {lin.out_features}")
+            plan.append((attn, p, _column_linear(f"{name}.{p}", lin, [(rank * local[p], (rank + 1) * local[p])])))
+    else:
+        kinds = {p: type(mods.get(p)).__name__ for p in ("qkv_proj", *widths)}
+        raise TPError(f"{name}: unsupported attention projections for tensor parallelism: expected a fused "
+                      f"AWQLinear qkv_proj with OutputSlice q/k/v or three AWQLinear, got {kinds}")
+    o = _need(f"{name}.o_proj", mods.get("o_proj"), AWQLinear, "o_proj")
+    if o.in_features != hq_all * d:
+        raise TPError(f"{name}.o_proj: expected in_features {hq_all * d}, got {o.in_features}")
+    _check_k_split(f"{name}.o_proj", hq * d, o.group_size, f"{hq} heads x {d}")
+    plan.append((attn, "o_proj", _row_linear(f"{name}.o_proj", o, rank * hq * d, (rank + 1) * hq * d, group, world)))
+    return plan
+
+
+def _plan_mlp(name: str, mlp: nn.Module, rank: int, world: int, group) -> Plan:
+    mods = mlp._modules
+    plan: Plan = []
+    gu = mods.get("gate_up_proj")
+    if isinstance(gu, AWQGateUpSiluMul):
+        I = gu.out_features
+        if I % world or (I // world) % 32:
+            raise TPError(f"{name}.gate_up_proj: intermediate_size / world_size must be a multiple of 32 "
+                          f"(the fused SiLU*mul panels), got {I} / {world}")
+        i = I // world
+        q, z, s = gu.canonical()
+        idx = _rows([(rank * i, (rank + 1) * i), (I + rank * i, I + (rank + 1) * i)])
+        bias = gu.canonical_bias()
+        try:
+            new = AWQGateUpSiluMul.from_canonical(q[idx].contiguous(), z[idx].contiguous(), s[idx].contiguous(),
+                                                  None if bias is None else bias[idx], group_size=gu.group_size,
+                                                  intermediate_size=i, act_quant=gu.act_quant)
+        except ValueError as e:
+            raise TPError(f"{name}.gate_up_proj: {e}") from e
+        new.awq_source = _source(gu, tp_rows=(rank * i, (rank + 1) * i))
+        plan.append((mlp, "gate_up_proj", new))
+    elif isinstance(gu, AWQLinear) and isinstance(mods.get("gate_proj"), OutputSlice) \
+            and isinstance(mods.get("up_proj"), OutputSlice):
+        I = mods["gate_proj"].stop - mods["gate_proj"].start
+        if (mods["gate_proj"].start, mods["up_proj"].start, mods["up_proj"].stop, gu.out_features) != (0, I, 2 * I, 2 * I):
+            raise TPError(f"{name}: expected gate_up_proj = [gate ; up] with OutputSlice bounds [0:{I}], [{I}:{2 * I}]")
+        if I % world:
+            raise TPError(f"{name}.gate_up_proj: intermediate_size {I} must divide over {world} ranks")
+        i = I // world
+        plan.append((mlp, "gate_up_proj", _column_linear(f"{name}.gate_up_proj", gu,
+                                                         [(rank * i, (rank + 1) * i), (I + rank * i, I + (rank + 1) * i)])))
+        plan += [(mlp, "gate_proj", OutputSlice(0, i, "gate_up_proj")),
+                 (mlp, "up_proj", OutputSlice(i, 2 * i, "gate_up_proj"))]
+    elif gu is None and isinstance(mods.get("gate_proj"), AWQLinear) and isinstance(mods.get("up_proj"), AWQLinear):
+        I = mods["gate_proj"].out_features
+        if I % world or mods["up_proj"].out_features != I:
+            raise TPError(f"{name}: gate/up out_features ({I}, {mods['up_proj'].out_features}) must be equal and "
+                          f"divide over {world} ranks")
+        i = I // world
+        for p in ("gate_proj", "up_proj"):
+            plan.append((mlp, p, _column_linear(f"{name}.{p}", mods[p], [(rank * i, (rank + 1) * i)])))
+    else:
+        kinds = {p: type(mods.get(p)).__name__ for p in ("gate_up_proj", "gate_proj", "up_proj")}
+        raise TPError(f"{name}: unsupported MLP projections for tensor parallelism: expected AWQGateUpSiluMul "
+                      f"gate_up_proj, a fused AWQLinear gate_up_proj with OutputSlice gate/up, or two AWQLinear, "
+                      f"got {kinds}")
+    down = _need(f"{name}.down_proj", mods.get("down_proj"), AWQLinear, "down_proj")
+    if down.in_features != I:
+        raise TPError(f"{name}.down_proj: expected in_features {I} (intermediate_size), got {down.in_features}")
+    _check_k_split(f"{name}.down_proj", I // world, down.group_size, f"{I} / {world}")
+    plan.append((mlp, "down_proj", _row_linear(f"{name}.down_proj", down, rank * (I // world),
+                                               (rank + 1) * (I // world), group, world)))
+    return plan
+
+
+def _group_rank_world(group, rank, world_size) -> Tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return int(rank), int(world_size)
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise TPError("shard: torch.distributed is not initialized (call dist.init_process_group('gloo') "
+                      "first, e.g. under torchrun), and no explicit rank / world_size were given")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Optional[int] = None,
+          world_size: Optional[int] = None) -> nn.Module:
+    """Shard a converted model for tensor parallelism over ``group`` in place; returns ``model``.
+
+    ``group``: a ``torch.distributed`` process group (None: the default WORLD group). ``rank`` and
+    ``world_size`` default to this process's rank and the group's size. Passing both explicitly
+    with ``group=None`` needs no process group: the checks run and rank ``rank``'s shard is built
+    (to validate a model or inspect a shard), but its ``forward`` raises when ``world_size`` > 1.
+    See the module doc for the layout. Raises :class:`TPError` (nothing modified) when a layer
+    cannot be split. ``vocab_parallel``: split a dense ``lm_head`` over the vocabulary
+    (:class:`VocabParallelLMHead`, logits all-gathered; default) instead of replicating it.
+    """
+    explicit = rank is not None and world_size is not None
+    rank, world = _group_rank_world(group, rank, world_size)
+    if world < 1 or not 0 <= rank < world:
+        raise TPError(f"shard: expected 0 <= rank < world_size, got rank={rank}, world_size={world}")
+    if getattr(model, "_awq_tp", None) is not None:
+        raise TPError(f"shard: the model is already sharded ({model._awq_tp})")
+    if group is None and not explicit:
+        import torch.distributed as dist
+
+        group = dist.group.WORLD
+    cfg = getattr(model, "config", None)
+    text_cfg = cfg.get_text_config(decoder=True) if cfg is not None and hasattr(cfg, "get_text_config") else cfg
+    hq_all = getattr(text_cfg, "num_attention_heads", None)
+    hkv_all = getattr(text_cfg, "num_key_value_heads", None) or hq_all
+    plan: Plan = []
+    n_mlp = 0
+    attns = []
+    for name, mod in model.named_modules():
+        if "o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj")):
+            if hq_all is None:
+                raise TPError(f"{name}: the model config has no num_attention_heads")
+            plan += _plan_attention(name, mod, hq_all, hkv_all, rank, world, group)
+            attns.append(mod)
+        elif "down_proj" in mod._modules:
+            plan += _plan_mlp(name, mod, rank, world, group)
+            n_mlp += 1
+    if not attns and n_mlp == 0:
+        raise TPError("shard: found no attention (o_proj + q/k/v) or MLP (down_proj) modules to shard")
+    replaced = {id(parent._modules.get(attr)) for parent, attr, _ in plan}
+    left = [n for n, m in model.named_modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul))
+            and id(m) not in replaced]
+    if left:
+        raise TPError(f"shard: int4 modules outside the attention / MLP patterns would be left replicated: "
+                      f"{left[:8]}{' ...' if len(left) > 8 else ''}")
+    if vocab_parallel:
+        plan += _plan_lm_head(model, rank, world, group)
+    for parent, attr, new in plan:
+        parent._modules[attr] = new
+    if text_cfg is not None and hq_all is not None:
+        if attns:
+            text_cfg.head_dim = attns[0].head_dim
+        text_cfg.num_attention_heads = hq_all // world
+        text_cfg.num_key_value_heads = hkv_all // world
+    for m in attns:  # attention modules that keep their own head counts (other transformers versions)
+        for attr in ("num_heads", "num_key_value_heads"):
+            if isinstance(getattr(m, attr, None), int):
+                setattr(m, attr, getattr(m, attr) // world)
+    model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
+                     "num_key_value_heads": hkv_all, "attention_layers": len(attns), "mlp_layers": n_mlp,
+                     "vocab_parallel": isinstance(model.get_output_embeddings(), VocabParallelLMHead)
+                     if hasattr(model, "get_output_embeddings") else False}
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Cores per rank
+# ---------------------------------------------------------------------------------------------
+def parse_cpulist(text: str) -> List[int]:
+    """``"0-3,8,10-11"`` -> [0, 1, 2, 3, 8, 10, 11]."""
+    out: List[int] = []
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-")
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return out
+
+
+def numa_nodes(root: str = "/sys/devices/system/node") -> List[List[int]]:
+    """CPU lists of the NUMA nodes that have CPUs ([] when the layout cannot be read)."""
+    nodes = []
+    try:
+        names = sorted((n for n in os.listdir(root) if n.startswith("node") and n[4:].isdigit()),
+                       key=lambda n: int(n[4:]))
+        for n in names:
+            with open(os.path.join(root, n, "cpulist")) as f:
+                cpus = parse_cpulist(f.read())
+            if cpus:
+                nodes.append(cpus)
+    except OSError:
+        return []
+    return nodes
+
+
+def rank_cores(local_rank: int, local_world: int, spec: Optional[str] = None,
+               nodes: Optional[List[List[int]]] = None, allowed: Optional[Sequence[int]] = None) -> List[int]:
+    """The cores of ``local_rank`` out of ``local_world`` ranks on this machine.
+
+    ``spec``: explicit core lists, one per local rank, separated by ``;`` or ``/`` (``"0-27;28-55"``).
+    Default: if the NUMA nodes (restricted to the affinity mask) divide evenly over the ranks, rank r
+    gets nodes ``[r*k, (r+1)*k)``; otherwise the affinity mask is split into ``local_world`` even
+    contiguous chunks."""
+    if allowed is None:
+        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    allowed = sorted(allowed)
+    if spec:
+        lists = [parse_cpulist(s) for s in spec.replace("/", ";").split(";") if s.strip()]
+        if len(lists) != local_world:
+            raise ValueError(f"cores: expected {local_world} core lists (one per local rank), got {len(lists)}: {spec!r}")
+        if not lists[local_rank]:
+            raise ValueError(f"cores: empty core list for local rank {local_rank}: {spec!r}")
+        return lists[local_rank]
+    if nodes is None:
+        nodes = numa_nodes()
+    nodes = [c for c in ([x for x in n if x in set(allowed)] for n in nodes) if c]
+    if len(nodes) >= local_world and len(nodes) % local_world == 0 and len(nodes) > 1:
+        k = len(nodes) // local_world
+        return sorted(c for n in nodes[local_rank * k:(local_rank + 1) * k] for c in n)
+    if len(allowed) < local_world:
+        raise ValueError(f"cores: {local_world} local ranks but only {len(allowed)} allowed cores {allowed}")
+    per, extra = divmod(len(allowed), local_world)
+    start = local_rank * per + min(local_rank, extra)
+    return allowed[start:start + per + (1 if local_rank < extra else 0)]
+
+
+def pin_rank(cores: Sequence[int], threads: Optional[int] = None) -> int:
+    """Restrict this process (and the OpenMP threads it creates afterwards) to ``cores`` and use one
+    torch thread per core (or ``threads``). Returns the thread count."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cores))
+    n = threads or len(cores)
+    torch.set_num_threads(n)
+    return n
+
+
+def env_rank() -> Dict[str, int]:
+    """rank / world_size / local_rank / local_world_size from torchrun's environment variables."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return {"rank": int(os.environ.get("RANK", "0")), "world_size": world,
+            "local_rank": int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))),
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))}
+
+
+def init_from_env(tp_size: int, cores: Optional[str] = None, threads: Optional[int] = None,
+                  backend: str = "gloo") -> Dict[str, object]:
+    """Set up this process as one rank of a ``tp_size``-way run launched by torchrun: check
+    ``WORLD_SIZE``, pin it to its cores (:func:`rank_cores`, ``cores`` as there), set the torch
+    threads (one per core unless ``threads``) and initialize the default process group (``gloo``;
+    a 1-rank group without torchrun when ``tp_size`` is 1). Returns rank, world_size, cores, threads."""
+    import torch.distributed as dist
+
+    env = env_rank()
+    if env["world_size"] != tp_size:
+        raise ValueError(f"--tp {tp_size}: expected WORLD_SIZE={tp_size} (launch with "
+                         f"torchrun --nproc-per-node {tp_size} -m awq_inductor --tp {tp_size}), got {env['world_size']}")
+    my = rank_cores(env["local_rank"], env["local_world_size"], cores)
+    n = pin_rank(my, threads)
+    if not dist.is_initialized():
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend)
+        else:  # a single process without torchrun
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return {"rank": env["rank"], "world_size": env["world_size"], "cores": my, "threads": n}

@@ -1,0 +1,252 @@
+"""awq_inductor.transform.tp: tensor-parallel sharding on 2 gloo ranks (loopback, 1 thread each) and its errors.
+
+One torchrun job (tests/tp_worker.py) runs both architectures, so the two ranks import torch and
+compile the shared kernels once; the per-architecture tests check its results."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from awq_inductor import testing  # noqa: E402
+from awq_inductor.integrations import transformers as hf  # noqa: E402
+from awq_inductor.transform import tp  # noqa: E402
+from awq_inductor.transform.model_pass import convert  # noqa: E402
+from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
+ARCHS = ("llama", "qwen2")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(nproc, args, timeout=600):
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", MASTER_ADDR="127.0.0.1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", *args]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        errs = "\n".join(line for line in r.stderr.splitlines() if line.startswith("[rank"))
+        raise AssertionError(f"torchrun failed ({r.returncode}):\n{errs[-6000:] or r.stderr[-6000:]}")
+    return r
+
+
+def _checkpoint(path, arch, group_size=32, **cfg_kw):
+    cfg = testing.tiny_config(arch, **cfg_kw)
+    testing.save_quantized(testing.build_float_model(cfg, seed=0), str(path), format="gemm", group_size=group_size)
+    return str(path), cfg
+
+
+def _load(path):
+    hf.patch_transformers()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _generate(model, prompt):
+    out = model.generate(prompt, max_new_tokens=16, min_new_tokens=16, do_sample=False, pad_token_id=0,
+                         output_logits=True, return_dict_in_generate=True)
+    return out.sequences[0, prompt.shape[1]:], torch.cat(out.logits)
+
+
+@pytest.fixture(scope="module")
+def tp2(tmp_path_factory):
+    """(per-arch unsharded references, [rank 0 results, rank 1 results]) of one 2-rank torchrun job."""
+    out = tmp_path_factory.mktemp("tp2")
+    cases, refs = {}, {}
+    for arch in ARCHS:
+        path, cfg = _checkpoint(out / arch, arch)
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=g)
+        prompt = torch.randint(0, cfg.vocab_size, (1, 6), generator=g)
+        cases[arch] = {"ckpt": path, "ids": ids, "prompt": prompt}
+        model = _load(path)
+        with torch.no_grad():
+            ref = {"cfg": cfg, "logits": model(ids).logits}
+            ref["tokens"], ref["step_logits"] = _generate(model, prompt)
+            ref["w4a8_logits"] = convert(model, act_quant="int8")(ids).logits
+        ref["ckpt"] = path
+        refs[arch] = ref
+    torch.save(cases, out / "cases.pt")
+    _torchrun(2, [WORKER, "--out", str(out)])
+    return refs, [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp2_matches_unsharded(tp2, arch):
+    """2 ranks vs the unsharded model: full-sequence logits within the dense tolerance, 16 identical
+    greedy fp32 tokens with their per-step logits, eager and compiled; the compiled graphs hold 2
+    all_reduce per decoder layer and the lm_head's all_gather with no graph break; the W4A8 shard
+    matches unsharded W4A8."""
+    refs, ranks = tp2
+    ref, cfg = refs[arch], refs[arch]["cfg"]
+    for r, res in enumerate(ranks):
+        got = res[arch]
+        assert got["heads"] == (cfg.num_attention_heads // 2, cfg.num_key_value_heads // 2), (r, got["heads"])
+        torch.testing.assert_close(got["eager_logits"], ref["logits"], atol=2e-3, rtol=2e-3)
+        for mode in ("eager", "compiled"):
+            assert got[f"{mode}_tokens"].tolist() == ref["tokens"].tolist(), (r, mode)
+            torch.testing.assert_close(got[f"{mode}_step_logits"], ref["step_logits"], atol=2e-3, rtol=2e-3)
+        assert got["graph_breaks"] == 0
+        ars = got["all_reduce_per_graph"]
+        assert ars and all(n == 2 * cfg.num_hidden_layers for n in ars), ars
+        assert got["all_gather_per_graph"] == [1] * len(ars), got["all_gather_per_graph"]  # vocab-parallel lm_head
+        assert got["templated_kernels"] > 0
+        w8, want8 = got["w4a8_logits"], ref["w4a8_logits"]
+        assert float((w8 - want8).norm() / want8.norm()) < 0.03
+    # every rank holds the same (all-reduced) result
+    torch.testing.assert_close(ranks[0][arch]["eager_logits"], ranks[1][arch]["eager_logits"], atol=0, rtol=0)
+
+
+def test_tp2_epilogue_fused_before_all_reduce(tp2):
+    """all_reduce(int4_mm(x) * 2 + 1) under torch.compile: one template kernel with the pointwise
+    epilogue fused in, the collective in place on its output buffer, the eager result."""
+    for res in tp2[1]:
+        e = res["epilogue"]
+        assert e["err"] == 0.0 and e["templated"] == 1 and e["epilogue_fusions"] == 1, {k: v for k, v in e.items() if k != "code"}
+        assert "_c10d_functional.all_reduce_" in e["code"]
+
+
+def test_launch_demo_tp2(tp2):
+    """torchrun --nproc-per-node 2 -m awq_inductor --tp 2: each rank pinned to its own core, the model
+    sharded, only rank 0 prints."""
+    r = _torchrun(2, ["-m", "awq_inductor", "--tp", "2", "--model", tp2[0]["llama"]["ckpt"], "--no-compile",
+                      "--prompt-len", "8", "--new-tokens", "4", "--dtype", "fp32"])
+    out = r.stdout
+    assert out.count("sharded over 2 ranks: 2 query / 1 KV heads per rank") == 1, out
+    assert out.count("awq int4 eager") == 1 and "tensor parallel: 2 ranks (gloo)" in out, out
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "1 threads per rank" in out, out
+
+
+# ------------------------------------------------------------------------------ in one process
+def _converted(tmp_path, arch="llama", group_size=32, **cfg_kw):
+    path, cfg = _checkpoint(tmp_path / arch, arch, group_size, **cfg_kw)
+    return _load(path), cfg
+
+
+def test_shard_layout_rank1_of_2(tmp_path):
+    """rank 1 of 2 (explicit rank / world_size, no process group): q heads 2..3, KV head 1, the
+    second halves of gate and up, K halves of o_proj / down_proj; config heads per rank."""
+    model, cfg = _converted(tmp_path, "qwen2")
+    attn0, mlp0 = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    full_qkv = attn0.qkv_proj.dequantize()
+    full_bias = attn0.qkv_proj.bias.clone()
+    full_o = attn0.o_proj.dequantize()
+    full_gu = mlp0.gate_up_proj.dequantize()
+    full_down = mlp0.down_proj.dequantize()
+    tp.shard(model, rank=1, world_size=2)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    d, I = 32, cfg.intermediate_size
+    rows = list(range(2 * d, 4 * d)) + list(range(4 * d + d, 4 * d + 2 * d)) + list(range(6 * d + d, 6 * d + 2 * d))
+    torch.testing.assert_close(attn.qkv_proj.dequantize(), full_qkv[rows], atol=0, rtol=0)
+    torch.testing.assert_close(attn.qkv_proj.bias, full_bias[rows], atol=0, rtol=0)
+    assert [(attn._modules[p].start, attn._modules[p].stop) for p in ("q_proj", "k_proj", "v_proj")] == \
+        [(0, 2 * d), (2 * d, 3 * d), (3 * d, 4 * d)]
+    assert isinstance(attn.o_proj, tp.RowParallelLinear)
+    torch.testing.assert_close(attn.o_proj.linear.dequantize(), full_o[:, 2 * d:], atol=0, rtol=0)
+    assert isinstance(mlp.gate_up_proj, AWQGateUpSiluMul) and mlp.gate_up_proj.out_features == I // 2
+    torch.testing.assert_close(mlp.gate_up_proj.dequantize(),
+                               torch.cat([full_gu[I // 2:I], full_gu[I + I // 2:]]), atol=0, rtol=0)
+    torch.testing.assert_close(mlp.down_proj.linear.dequantize(), full_down[:, I // 2:], atol=0, rtol=0)
+    assert (model.config.num_attention_heads, model.config.num_key_value_heads, model.config.head_dim) == (2, 1, d)
+    with pytest.raises(tp.TPError, match="already sharded"):
+        tp.shard(model, rank=1, world_size=2)
+
+
+def test_vocab_parallel_lm_head_rows(tmp_path):
+    """vocab 255 over 2 ranks: 128 rows each, the last one a zero pad; the ranks' rows are the head."""
+    model, cfg = _converted(tmp_path, vocab_size=255)
+    full = model.lm_head.weight.detach().clone()
+    heads = []
+    for r in range(2):
+        m, _ = _converted(tmp_path / f"r{r}", vocab_size=255)
+        tp.shard(m, rank=r, world_size=2)
+        assert isinstance(m.lm_head, tp.VocabParallelLMHead) and m.lm_head.weight.shape == (128, cfg.hidden_size)
+        heads.append(m.lm_head.weight.detach())
+    rows = torch.cat(heads)
+    assert torch.equal(rows[:255], full) and not rows[255].any()
+    m, _ = _converted(tmp_path / "rep", vocab_size=255)
+    tp.shard(m, rank=0, world_size=2, vocab_parallel=False)
+    assert type(m.lm_head) is torch.nn.Linear and m._awq_tp["vocab_parallel"] is False
+
+
+def test_row_parallel_bias_added_once(tmp_path):
+    """A row-parallel layer with a bias: summing the two ranks' partial products plus one bias is
+    the unsharded output (bias added after the reduce, not on every rank)."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 128) * 0.05
+    q, z, s = testing.quantize_weight(w, 32)
+    b = torch.randn(64)
+    full = AWQLinear.from_canonical(q, z, s, b, group_size=32)
+    x = torch.randn(3, 128)
+    parts = [tp._row_linear("layer.o_proj", full, r * 64, (r + 1) * 64, None, 2) for r in range(2)]
+    assert all(p.linear.bias is None and torch.equal(p.bias, b) for p in parts)
+    y = sum(p.linear(x[:, r * 64:(r + 1) * 64]) for r, p in enumerate(parts)) + parts[0].bias
+    torch.testing.assert_close(y, full(x), atol=1e-4, rtol=1e-4)
+    with pytest.raises(RuntimeError, match="no process group"):
+        parts[0](x[:, :64])
+
+
+def test_heads_that_do_not_divide_raise(tmp_path):
+    model, cfg = _converted(tmp_path)  # 4 query heads, 2 KV heads
+    before = {n: type(m) for n, m in model.named_modules()}
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.self_attn: attention heads must divide over the 4 ranks.*"
+                                         r"num_attention_heads=4, num_key_value_heads=2"):
+        tp.shard(model, rank=0, world_size=4)
+    with pytest.raises(tp.TPError, match="3 ranks"):
+        tp.shard(model, rank=0, world_size=3)
+    assert {n: type(m) for n, m in model.named_modules()} == before  # nothing modified
+    assert model.config.num_attention_heads == 4 and getattr(model, "_awq_tp", None) is None
+
+
+def test_k_split_off_group_boundary_names_layer(tmp_path):
+    # hidden 128, 4 heads of 32, G = 64: o_proj K / 2 = 64 splits, down_proj K = I = 320 -> 160 does not
+    model, _ = _converted(tmp_path, group_size=64, intermediate_size=320)
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.mlp\.down_proj: .*multiple of group_size 64, got 160"):
+        tp.shard(model, rank=0, world_size=2)
+    # o_proj: G = 128 = K, each rank's 64 columns are half a group
+    model, _ = _converted(tmp_path / "g128", group_size=128)
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.self_attn\.o_proj: .*multiple of group_size 128, got 64"):
+        tp.shard(model, rank=0, world_size=2)
+
+
+def test_shard_needs_converted_model_and_process_group():
+    cfg = testing.tiny_config("llama")
+    model = testing.build_float_model(cfg)
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.self_attn: unsupported attention projections.*Linear"):
+        tp.shard(model, rank=0, world_size=2)
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with pytest.raises(tp.TPError, match="not initialized"):
+            tp.shard(model)
+
+
+def test_rank_cores():
+    # NUMA layout that divides: whole nodes per rank
+    nodes = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert tp.rank_cores(0, 2, nodes=nodes, allowed=range(8)) == [0, 1, 2, 3]
+    assert tp.rank_cores(1, 2, nodes=nodes, allowed=range(8)) == [4, 5, 6, 7]
+    assert tp.rank_cores(1, 2, nodes=[[0, 1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11]], allowed=range(12)) == [8, 9, 10, 11]
+    # one node (or an uneven layout): even split of the affinity mask
+    assert tp.rank_cores(0, 2, nodes=[[0, 1]], allowed=[0, 1]) == [0]
+    assert tp.rank_cores(1, 2, nodes=[[0, 1]], allowed=[0, 1]) == [1]
+    assert tp.rank_cores(2, 3, nodes=[], allowed=[2, 3, 4, 5, 6, 7, 8]) == [7, 8]
+    # explicit lists
+    assert tp.rank_cores(1, 2, spec="0-3,8;4-7") == [4, 5, 6, 7]
+    assert tp.parse_cpulist("0-2,5, 7-8\n") == [0, 1, 2, 5, 7, 8]
+    with pytest.raises(ValueError, match="expected 2 core lists"):
+        tp.rank_cores(0, 2, spec="0-3")
+    with pytest.raises(ValueError, match="only 1 allowed cores"):
+        tp.rank_cores(0, 2, nodes=[], allowed=[0])
