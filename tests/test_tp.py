@@ -299,6 +299,11 @@ def test_load_equals_load_convert_shard(tmp_path, arch, qm, fmt):
         assert not bad, (r, bad[:8])
         assert (got.config.num_attention_heads, got.config.num_key_value_heads) == (2, 1)
         assert {k: v for k, v in got._awq_tp.items() if k != "read"} == want._awq_tp
+        if fmt == "gemm" and r == 1:  # W4A8: loaded with act_quant="int8" == sharded, then converted to int8
+            a = convert(want, act_quant="int8").state_dict()
+            b = tp.load(path, rank=r, world_size=2, dtype=torch.float32, act_quant="int8").state_dict()
+            assert a.keys() == b.keys() and any(k.endswith(".comp") for k in a)
+            assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 @pytest.mark.parametrize("qm,fmt", [("awq", "gemm"), ("gptq", "gptq"), ("awq", "gemv")])
