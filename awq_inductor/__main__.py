@@ -165,12 +165,21 @@ def main(argv=None) -> int:
 
     _log("Loading and converting (int4 linears -> AWQLinear, q/k/v and gate/up fusion)...")
     t0 = time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # tqdm bars on a terminal
+    if tp_info and args.model:  # each rank reads only its slices of the int4 tensors
+        from .transform import tp as _tp
+
+        model = _tp.load(path, dtype=dtype)
+        rd = model._awq_tp["read"]
+        _log(f"  per-rank load: read {sum(rd['bytes'].values()) / 2**20:.2f} of "
+             f"{rd['checkpoint_bytes'] / 2**20:.2f} MiB of the checkpoint")
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)  # tqdm bars on a terminal
     model.eval()
     if tp_info:
         from .transform import tp as _tp
 
-        _tp.shard(model)
+        if getattr(model, "_awq_tp", None) is None:
+            _tp.shard(model)
         _log(f"  sharded over {args.tp} ranks: {model.config.num_attention_heads} query / "
              f"{model.config.num_key_value_heads} KV heads per rank, all_reduce after o_proj and down_proj")
     n_int4 = count_int4_linears(model)

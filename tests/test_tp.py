@@ -23,6 +23,7 @@ from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
 ARCHS = ("llama", "qwen2")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias
+LOADER_CASES = (("llama", "gptq", "gptq"), ("qwen2", "awq", "gemv"))  # tp.load only, besides the gemm cases
 
 
 def _free_port() -> int:
@@ -42,9 +43,10 @@ def _torchrun(nproc, args, timeout=600):
     return r
 
 
-def _checkpoint(path, arch, group_size=32, **cfg_kw):
+def _checkpoint(path, arch, group_size=32, quant_method="awq", format="gemm", **cfg_kw):
     cfg = testing.tiny_config(arch, **cfg_kw)
-    testing.save_quantized(testing.build_float_model(cfg, seed=0), str(path), format="gemm", group_size=group_size)
+    testing.save_quantized(testing.build_float_model(cfg, seed=0), str(path), quant_method=quant_method,
+                           format=format, group_size=group_size)
     return str(path), cfg
 
 
@@ -77,6 +79,10 @@ def tp2(tmp_path_factory):
             ref["w4a8_logits"] = convert(model, act_quant="int8")(ids).logits
         ref["ckpt"] = path
         refs[arch] = ref
+    for arch, qm, fmt in LOADER_CASES:  # the per-rank loader on K-packed layouts
+        path, cfg = _checkpoint(out / f"{arch}_{fmt}", arch, quant_method=qm, format=fmt)
+        ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=torch.Generator().manual_seed(2))
+        cases[f"{arch}_{fmt}"] = {"ckpt": path, "ids": ids, "loader_only": True}
     torch.save(cases, out / "cases.pt")
     _torchrun(2, [WORKER, "--out", str(out)])
     return refs, [torch.load(out / f"rank{r}.pt") for r in range(2)]
@@ -108,6 +114,20 @@ def test_tp2_matches_unsharded(tp2, arch):
     torch.testing.assert_close(ranks[0][arch]["eager_logits"], ranks[1][arch]["eager_logits"], atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("case", [*ARCHS, *(f"{a}_{f}" for a, _, f in LOADER_CASES)])
+def test_tp2_loader_logits_equal_shard(tp2, case):
+    """2 ranks: the shard loaded per rank from the safetensors files (tp.load) gives the logits of
+    load -> convert -> shard exactly (gemm for both architectures, GPTQ for Llama, gemv for Qwen2)."""
+    for r, res in enumerate(tp2[1]):
+        got = res[case]
+        want = got["eager_logits"] if case in ARCHS else got["shard_logits"]
+        assert torch.isfinite(want).all() and want.abs().max() > 0
+        torch.testing.assert_close(got["loader_logits"], want, atol=0, rtol=0, msg=lambda m: f"rank {r}: {m}")
+        if case not in ARCHS:
+            rd = got["read"]
+            assert sum(rd["bytes"].values()) < rd["checkpoint_bytes"], rd
+
+
 def test_tp2_epilogue_fused_before_all_reduce(tp2):
     """all_reduce(int4_mm(x) * 2 + 1) under torch.compile: one template kernel with the pointwise
     epilogue fused in, the collective in place on its output buffer, the eager result."""
@@ -124,6 +144,7 @@ def test_launch_demo_tp2(tp2):
                       "--prompt-len", "8", "--new-tokens", "4", "--dtype", "fp32"])
     out = r.stdout
     assert out.count("sharded over 2 ranks: 2 query / 1 KV heads per rank") == 1, out
+    assert out.count("per-rank load: read ") == 1, out  # --model DIR goes through tp.load
     assert out.count("awq int4 eager") == 1 and "tensor parallel: 2 ranks (gloo)" in out, out
     if len(os.sched_getaffinity(0)) >= 2:
         assert "1 threads per rank" in out, out
@@ -250,3 +271,76 @@ def test_rank_cores():
         tp.rank_cores(0, 2, spec="0-3")
     with pytest.raises(ValueError, match="only 1 allowed cores"):
         tp.rank_cores(0, 2, nodes=[], allowed=[0])
+
+
+# ------------------------------------------------------------------------------ per-rank loader
+INT4_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _tensor_bytes(path):
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(path, "model.safetensors"), framework="pt") as f:
+        return {k: f.get_slice(k)[:].numel() * f.get_slice(k)[:].element_size() for k in f.keys()}
+
+
+@pytest.mark.parametrize("arch,qm,fmt", [("llama", "awq", "gemm"), ("qwen2", "gptq", "gptq"),
+                                         ("llama", "awq", "gemv"), ("qwen2", "awq", "gemv_fast")])
+def test_load_equals_load_convert_shard(tmp_path, arch, qm, fmt):
+    """tp.load(dir, rank=r, world_size=2) builds exactly the module tree and packed buffers of
+    shard(from_pretrained(dir)) for both ranks, in every checkpoint layout."""
+    path, cfg = _checkpoint(tmp_path / arch, arch, quant_method=qm, format=fmt)
+    for r in range(2):
+        want = tp.shard(_load(path), rank=r, world_size=2)
+        got = tp.load(path, rank=r, world_size=2, dtype=torch.float32)
+        assert [(n, type(m).__name__) for n, m in got.named_modules()] == \
+            [(n, type(m).__name__) for n, m in want.named_modules()]
+        a, b = want.state_dict(), got.state_dict()
+        assert a.keys() == b.keys()
+        bad = [k for k in a if a[k].dtype != b[k].dtype or not torch.equal(a[k], b[k])]
+        assert not bad, (r, bad[:8])
+        assert (got.config.num_attention_heads, got.config.num_key_value_heads) == (2, 1)
+        assert {k: v for k, v in got._awq_tp.items() if k != "read"} == want._awq_tp
+        if fmt == "gemm" and r == 1:  # W4A8: loaded with act_quant="int8" == sharded, then converted to int8
+            a = convert(want, act_quant="int8").state_dict()
+            b = tp.load(path, rank=r, world_size=2, dtype=torch.float32, act_quant="int8").state_dict()
+            assert a.keys() == b.keys() and any(k.endswith(".comp") for k in a)
+            assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("qm,fmt", [("awq", "gemm"), ("gptq", "gptq"), ("awq", "gemv")])
+def test_load_reads_only_its_shard(tmp_path, qm, fmt):
+    """Bytes requested through the slicing reader: each rank reads exactly half of every int4 tensor
+    (qweight, qzeros, scales) of q/k/v, o, gate/up, down and of the untied lm_head, none of them whole;
+    the embedding and norms are read whole. gemv's K split (o_proj, down_proj) has no clean slice and
+    is read whole (documented fallback)."""
+    path, cfg = _checkpoint(tmp_path / fmt, "llama", quant_method=qm, format=fmt)
+    full = _tensor_bytes(path)
+    int4 = {k for k in full if k.rpartition(".")[0].rpartition(".")[2] in INT4_LAYERS
+            and k.rpartition(".")[2] in ("qweight", "qzeros", "scales")}
+    assert len(int4) == 3 * len(INT4_LAYERS) * cfg.num_hidden_layers
+    whole_ok = {k for k in int4 if fmt == "gemv" and k.split(".")[-2] in ("o_proj", "down_proj")}
+    per_rank = []
+    for r in range(2):
+        rd = tp.load(path, rank=r, world_size=2, dtype=torch.float32)._awq_tp["read"]
+        per_rank.append(rd)
+        assert rd["checkpoint_bytes"] == sum(full.values())
+        for k in int4 - whole_ok:
+            assert k not in rd["whole"] and 2 * rd["bytes"][k] == full[k], (r, k, rd["bytes"].get(k), full[k])
+        for k in whole_ok:
+            assert k in rd["whole"] and rd["bytes"][k] == full[k]
+        assert 2 * rd["bytes"]["lm_head.weight"] == full["lm_head.weight"]
+        assert "model.embed_tokens.weight" in rd["whole"] and "model.norm.weight" in rd["whole"]
+        # nothing is read twice, nothing left out
+        assert set(rd["bytes"]) == set(full) and all(rd["bytes"][k] <= full[k] for k in full)
+    big = sum(full[k] for k in int4 - whole_ok) + full["lm_head.weight"]
+    read = [sum(rd["bytes"].values()) for rd in per_rank]
+    assert read[0] == read[1] == sum(full.values()) - big // 2, (read, sum(full.values()), big)
+
+
+def test_load_errors_name_the_layer(tmp_path):
+    path, _ = _checkpoint(tmp_path / "g64", "llama", group_size=64, intermediate_size=320)
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.mlp\.down_proj: .*multiple of group_size 64, got 160"):
+        tp.load(path, rank=0, world_size=2)
+    with pytest.raises(tp.TPError, match=r"attention heads must divide over the 4 ranks.*num_key_value_heads=2"):
+        tp.load(path, rank=0, world_size=4)

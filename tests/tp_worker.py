@@ -5,7 +5,8 @@ checkpoint through the transformers patch, shards it with ``awq_inductor.transfo
 eager full-sequence logits, 16 greedy tokens and their per-step logits, eager and compiled
 (backend awq_inductor: graph-break count, all_reduce / all_gather nodes per captured graph,
 Inductor counters),
-and the eager logits of the W4A8 shard. Then one compiled ``all_reduce(int4_mm(x) * 2 + 1)``
+and the eager logits of the W4A8 shard, plus the eager logits of the same shard loaded per rank by
+``tp.load`` (cases with ``loader_only``: only those, against load -> shard). Then one compiled ``all_reduce(int4_mm(x) * 2 + 1)``
 shows the pointwise epilogue fused into our template before the collective. Results:
 ``<out>/rank<r>.pt``. ``AWQ_TP_TEST_TIMES=1`` prints timings to stderr.
 """
@@ -28,6 +29,23 @@ def _generate(model, prompt):
     return out.sequences[0, prompt.shape[1]:], torch.cat(out.logits)
 
 
+def loader_logits(case):
+    """Eager logits of the shard loaded per rank (tp.load) and of load -> convert -> shard, and what
+    tp.load read."""
+    import transformers
+
+    from awq_inductor.integrations import transformers as hf
+    from awq_inductor.transform import tp
+
+    hf.patch_transformers()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(case["ckpt"], dtype=torch.float32).eval()
+    tp.shard(ref)
+    model = tp.load(case["ckpt"], dtype=torch.float32)
+    with torch.no_grad():
+        return {"shard_logits": ref(case["ids"]).logits, "loader_logits": model(case["ids"]).logits,
+                "read": model._awq_tp["read"]}
+
+
 def run_case(case, mark):
     import transformers
 
@@ -36,6 +54,10 @@ def run_case(case, mark):
     from awq_inductor.inductor.backend import awq_inductor_backend
     from awq_inductor.transform.model_pass import convert
 
+    if case.get("loader_only"):
+        res = loader_logits(case)
+        mark("per-rank loader")
+        return res
     hf.patch_transformers()
     model = transformers.AutoModelForCausalLM.from_pretrained(case["ckpt"], dtype=torch.float32).eval()
     tp.shard(model)
@@ -44,6 +66,9 @@ def run_case(case, mark):
     res = {"heads": (model.config.num_attention_heads, model.config.num_key_value_heads)}
     with torch.no_grad():
         res["eager_logits"] = model(ids).logits
+        loaded = tp.load(case["ckpt"], dtype=torch.float32)
+        res["loader_logits"] = loaded(ids).logits
+        del loaded
         res["eager_tokens"], res["eager_step_logits"] = _generate(model, prompt)
     mark("eager")
     torch._dynamo.reset()

@@ -35,8 +35,10 @@ per rank, so every checkpoint format and both schemes (W4A16, W4A8 ``act_quant="
 alike. Everything is checked before the model is modified: a layout that cannot be split raises
 :class:`TPError` naming the layer, the expected and the actual value.
 
-Loading: every rank loads the full checkpoint, converts it, then shards (per-rank reading of only
-the local slices from safetensors is not implemented).
+Loading: :func:`load` builds this rank's shard straight from the safetensors files (the same model
+as ``shard(from_pretrained(...))``), reading only the slices of the int4 tensors the rank keeps
+(``safe_open(...).get_slice``); layouts without a clean slice are read whole and sliced in canonical
+form (see :func:`_read_int4`). ``shard`` remains for a model that is already loaded.
 
 :func:`rank_cores` / :func:`pin_rank` give each local rank its own cores (from the NUMA layout in
 ``/sys/devices/system/node`` when it splits evenly, else an even split of the affinity mask).
@@ -492,3 +494,320 @@ def init_from_env(tp_size: int, cores: Optional[str] = None, threads: Optional[i
         else:  # a single process without torchrun
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return {"rank": env["rank"], "world_size": env["world_size"], "cores": my, "threads": n}
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-rank loading: each rank reads only its slices of the int4 tensors from the safetensors files
+# ---------------------------------------------------------------------------------------------
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # output rows split
+_ROW = ("o_proj", "down_proj")  # input columns (K) split, all_reduce after
+
+
+class _SliceReader:
+    """The tensors of a safetensors checkpoint (one file or an index), read through
+    ``safe_open(...).get_slice(key)[...]`` so only the requested elements are copied out of the file.
+    Counts what was requested: ``read_bytes[key]`` (bytes), ``whole`` (keys read in full)."""
+
+    def __init__(self, model_dir: str):
+        import json
+
+        from safetensors import safe_open
+
+        index = os.path.join(model_dir, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        elif os.path.exists(os.path.join(model_dir, "model.safetensors")):
+            files = ["model.safetensors"]
+        else:
+            raise TPError(f"load: no model.safetensors or model.safetensors.index.json in {model_dir}")
+        self.handles, self.file_of, self.shapes = {}, {}, {}
+        for fn in files:
+            h = safe_open(os.path.join(model_dir, fn), framework="pt")
+            self.handles[fn] = h
+            for k in h.keys():
+                self.file_of[k] = fn
+                self.shapes[k] = tuple(h.get_slice(k).get_shape())
+        self.read_bytes: Dict[str, int] = {}
+        self.whole: set = set()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.file_of
+
+    def get(self, key: str, *index) -> torch.Tensor:
+        """``tensor[index]`` (basic slices only); the whole tensor without ``index``."""
+        sl = self.handles[self.file_of[key]].get_slice(key)
+        t = sl[tuple(index)] if index else sl[:]
+        if not index or tuple(t.shape) == self.shapes[key]:
+            self.whole.add(key)
+        self.read_bytes[key] = self.read_bytes.get(key, 0) + t.numel() * t.element_size()
+        return t
+
+    def total_bytes(self, keys=None) -> int:
+        import math
+
+        keys = self.file_of if keys is None else keys
+        sizes = {}
+        for fn, h in self.handles.items():
+            for k in h.keys():
+                if k in keys:
+                    t = h.get_slice(k)
+                    sizes[k] = math.prod(t.get_shape()) * _DTYPE_BYTES.get(t.get_dtype(), 4)
+        return sum(sizes.values())
+
+
+_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "I16": 2, "I64": 8, "U8": 1, "I8": 1, "BOOL": 1, "F64": 8}
+
+
+def _quant_info(cfg) -> Tuple[str, int]:
+    """(checkpoint format, group_size) from the config's quantization_config."""
+    qc = getattr(cfg, "quantization_config", None)
+    if qc is None:
+        raise TPError("load: the checkpoint config has no quantization_config (expected an AWQ or GPTQ int4 checkpoint)")
+    qc = qc if isinstance(qc, dict) else qc.to_dict()
+    method = str(qc.get("quant_method", "")).lower()
+    if int(qc.get("bits", qc.get("w_bit", 4))) != 4:
+        raise TPError(f"load: only 4-bit checkpoints are supported, got bits={qc.get('bits', qc.get('w_bit'))}")
+    gs = int(qc.get("group_size", qc.get("q_group_size", -1)))
+    if method == "awq":
+        fmt = str(qc.get("version", qc.get("format", "gemm"))).lower()
+        fmt = "gemv_fast" if fmt == "llm-awq" else fmt
+        if fmt not in ("gemm", "gemv", "gemv_fast"):
+            raise TPError(f"load: AWQ version {fmt!r} is not supported")
+        if not qc.get("zero_point", True):
+            raise TPError("load: AWQ checkpoints without zero_point are not supported")
+    elif method == "gptq":
+        fmt = str(qc.get("checkpoint_format", qc.get("format", "gptq"))).lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise TPError(f"load: GPTQ checkpoint_format {fmt!r} is not supported")
+        if qc.get("desc_act", False):
+            raise TPError("load: GPTQ act-order (desc_act=True) checkpoints are not supported")
+    else:
+        raise TPError(f"load: expected quant_method 'awq' or 'gptq', got {method!r}")
+    return fmt, gs
+
+
+def _read_int4(reader: _SliceReader, key: str, fmt: str, G: int, N: int, K: int, rows=None, cols=None,
+               name: str = "") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Canonical (q [n, k], zeros [n, k/G], scales [n, k/G]) of output rows ``rows`` = (n0, n1) or
+    input columns ``cols`` = (k0, k1) of the int4 linear ``key`` (logical weight [N, K]).
+
+    Reads only the slice of each stored tensor where the layout allows it:
+
+    - gemm (qweight [K, N/8], qzeros [K/G, N/8], scales [K/G, N]; 8 columns per int32 along N):
+      rows on multiples of 8 -> column slices of all three; cols -> row slices (qzeros / scales by group).
+    - GPTQ (qweight [K/8, N], qzeros [K/G, N/8], scales [K/G, N]; 8 K-rows per int32):
+      rows (multiples of 8) -> column slices; cols (multiples of 8 and G) -> row slices.
+    - gemv (qweight [N, K/8], qzeros [N, zw], scales [N, zw*8]): rows -> row slices. A K split is
+      not clean (qzeros packs 8 groups per int32 into a padded width that depends on K): read whole.
+    - gemv_fast (qweight int16 [N/4, K] interleaved over 4 rows x 32-column blocks, zeros / scales
+      [zw*8, N] padded): read whole, sliced in canonical form.
+    The whole-read fallback also covers a split that does not fall on the packing boundaries."""
+    from .. import formats
+
+    qw, qz, sc = f"{key}.qweight", f"{key}.qzeros", f"{key}.scales"
+    for k in (qw, qz, sc):
+        if k not in reader:
+            raise TPError(f"{name}: checkpoint tensor {k} is missing")
+    gptq = fmt.startswith("gptq")
+
+    def unpack(a, b, c):
+        try:
+            if gptq:
+                return formats.unpack_gptq(a, b, c, G, format=fmt)
+            return formats.unpack_awq(a, b, c, group_size=G, format=fmt)
+        except ValueError as e:
+            raise TPError(f"{name}: {e}") from e
+
+    if rows is not None:
+        n0, n1 = rows
+        if fmt == "gemm" and n0 % 8 == 0 and n1 % 8 == 0:
+            return unpack(reader.get(qw, slice(None), slice(n0 // 8, n1 // 8)),
+                          reader.get(qz, slice(None), slice(n0 // 8, n1 // 8)), reader.get(sc, slice(None), slice(n0, n1)))
+        if gptq and n0 % 8 == 0 and n1 % 8 == 0:
+            return unpack(reader.get(qw, slice(None), slice(n0, n1)),
+                          reader.get(qz, slice(None), slice(n0 // 8, n1 // 8)), reader.get(sc, slice(None), slice(n0, n1)))
+        if fmt == "gemv":
+            return unpack(reader.get(qw, slice(n0, n1)), reader.get(qz, slice(n0, n1)), reader.get(sc, slice(n0, n1)))
+        q, z, s = unpack(reader.get(qw), reader.get(qz), reader.get(sc))  # whole, sliced in canonical form
+        return q[n0:n1].contiguous(), z[n0:n1].contiguous(), s[n0:n1].contiguous()
+    k0, k1 = cols
+    g0, g1 = k0 // G, k1 // G
+    if fmt == "gemm":
+        return unpack(reader.get(qw, slice(k0, k1)), reader.get(qz, slice(g0, g1)), reader.get(sc, slice(g0, g1)))
+    if gptq and k0 % 8 == 0 and k1 % 8 == 0:
+        return unpack(reader.get(qw, slice(k0 // 8, k1 // 8)), reader.get(qz, slice(g0, g1)), reader.get(sc, slice(g0, g1)))
+    q, z, s = unpack(reader.get(qw), reader.get(qz), reader.get(sc))  # whole, sliced in canonical form
+    return q[:, k0:k1].contiguous(), z[:, g0:g1].contiguous(), s[:, g0:g1].contiguous()
+
+
+def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
+         dtype: Optional[torch.dtype] = None, act_quant: Optional[str] = None, vocab_parallel: bool = True,
+         **from_config_kwargs) -> nn.Module:
+    """Load an AWQ / GPTQ safetensors checkpoint directly as this rank's shard.
+
+    Gives the same model as ``shard(AutoModelForCausalLM.from_pretrained(model_dir))`` (with
+    :func:`awq_inductor.patch_transformers`), but each rank reads only the rows / columns /
+    groups of the int4 projections it keeps (see :func:`_read_int4` for the slice of each stored
+    layout): q/k/v and gate/up by output rows, o_proj and down_proj by K. Embeddings, norms and a
+    tied lm_head are read whole; an untied dense lm_head is read by vocabulary rows when
+    ``vocab_parallel`` (else whole). The model skeleton is built from the per-rank config on the meta
+    device, so no full-size weight is ever materialised. ``group`` / ``rank`` / ``world_size`` as in
+    :func:`shard`. ``model._awq_tp["read"]`` records the bytes read and the tensors read whole."""
+    import copy
+
+    import transformers
+
+    from .model_pass import convert
+
+    explicit = rank is not None and world_size is not None
+    rank, world = _group_rank_world(group, rank, world_size)
+    if world < 1 or not 0 <= rank < world:
+        raise TPError(f"load: expected 0 <= rank < world_size, got rank={rank}, world_size={world}")
+    if group is None and not explicit:
+        import torch.distributed as dist
+
+        group = dist.group.WORLD
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    fmt, gs = _quant_info(cfg)
+    if dtype is None:
+        dtype = getattr(cfg, "dtype", None) or torch.float32
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    hq_all, H = text.num_attention_heads, text.hidden_size
+    hkv_all = getattr(text, "num_key_value_heads", None) or hq_all
+    d = getattr(text, "head_dim", None) or H // hq_all
+    I_all = text.intermediate_size
+    if hq_all % world or hkv_all % world:
+        raise TPError(f"load: attention heads must divide over the {world} ranks (whole KV heads per rank): "
+                      f"num_attention_heads={hq_all}, num_key_value_heads={hkv_all}")
+    if I_all % world:
+        raise TPError(f"load: intermediate_size {I_all} must divide over {world} ranks")
+    local = copy.deepcopy(cfg)
+    ltext = local.get_text_config(decoder=True) if hasattr(local, "get_text_config") else local
+    ltext.head_dim = d
+    ltext.num_attention_heads, ltext.num_key_value_heads = hq_all // world, hkv_all // world
+    ltext.intermediate_size = I_all // world
+    qcfg = local.quantization_config
+    del local.quantization_config
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(local, dtype=dtype, **from_config_kwargs)
+    local.quantization_config = qcfg
+    reader = _SliceReader(model_dir)
+    names = {n for n, _ in model.named_modules()} | set(model.state_dict().keys())
+    prefix = getattr(model, "base_model_prefix", "") or ""
+
+    def ckey(name: str) -> str:  # model name -> checkpoint key (allowing a missing / extra base-model prefix)
+        for k in (name, name[len(prefix) + 1:] if name.startswith(prefix + ".") else None, f"{prefix}.{name}"):
+            if k is not None and (k in reader or f"{k}.qweight" in reader):
+                return k
+        return name
+
+    used = set()
+    row_bias: Dict[str, Optional[torch.Tensor]] = {}
+    quantized = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{ckey(n)}.qweight" in reader]
+    if not quantized:
+        raise TPError(f"load: no int4 (qweight) linear found in {model_dir}")
+    for name, mod in quantized:
+        key, leaf = ckey(name), name.rpartition(".")[2]
+        n_loc, k_loc = mod.out_features, mod.in_features
+        rows = cols = None
+        if leaf in _COLUMN:
+            N, K = n_loc * world, k_loc
+            rows = (rank * n_loc, (rank + 1) * n_loc)
+        elif leaf in _ROW:
+            N, K = n_loc, k_loc * world
+            cols = (rank * k_loc, (rank + 1) * k_loc)
+        elif world > 1:
+            raise TPError(f"load: int4 module {name} is outside the attention / MLP patterns and would be left "
+                          f"replicated")
+        else:
+            N, K, rows = n_loc, k_loc, (0, n_loc)
+        G = K if gs in (-1, 0) else gs
+        if cols is not None:
+            _check_k_split(name, k_loc, G, f"{K} / {world}")
+        q, z, s = _read_int4(reader, key, fmt, G, N, K, rows=rows, cols=cols, name=name)
+        if f"{key}.g_idx" in reader:
+            g = reader.get(f"{key}.g_idx").to(torch.int64)
+            if not torch.equal(g, torch.arange(K) // G):
+                raise TPError(f"{name}: g_idx: act-order (desc_act=True) GPTQ checkpoints are not supported; "
+                              f"expected g_idx[k] == k // group_size")
+        bias = None
+        if f"{key}.bias" in reader:
+            bias = reader.get(f"{key}.bias", slice(*rows)) if rows is not None else reader.get(f"{key}.bias")
+        if cols is not None:
+            row_bias[name], bias = bias, None
+        try:
+            lin = AWQLinear.from_canonical(q, z, s, bias, group_size=G)
+        except ValueError as e:
+            raise TPError(f"{name}: {e}") from e
+        lin.awq_source = {"format": fmt, "scales_dtype": s.dtype, "bias_dtype": None if bias is None else bias.dtype,
+                          "parts": None}
+        model.set_submodule(name, lin)
+        used.update(f"{key}.{t}" for t in ("qweight", "qzeros", "scales", "bias", "g_idx"))
+    # everything else (embeddings, norms, lm_head): read whole, or by vocabulary rows for a split head
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_name = next((n for n, m in model.named_modules() if m is head), None) if type(head) is nn.Linear else None
+    split_head = vocab_parallel and world > 1 and head_name is not None \
+        and f"{ckey(head_name)}.weight" in reader and not getattr(text, "tie_word_embeddings", False)
+    qnames = {n for n, _ in quantized}
+    sd = {}
+    for name, t in model.state_dict(keep_vars=True).items():
+        if (name.startswith(f"{head_name}.") and split_head) or name.rpartition(".")[0] in qnames:
+            continue
+        key = ckey(name.rpartition(".")[0]) + "." + name.rpartition(".")[2] if "." in name else ckey(name)
+        if key in reader:
+            v = reader.get(key)
+            sd[name] = v.to(dtype) if v.is_floating_point() else v
+            used.add(key)
+    model.load_state_dict(sd, strict=False, assign=True)
+    if split_head:
+        V = head.out_features
+        v = -(-V // world)
+        hk = f"{ckey(head_name)}.weight"
+        lo, hi = min(rank * v, V), min((rank + 1) * v, V)
+        w = reader.get(hk, slice(lo, hi)).to(dtype)
+        b = reader.get(f"{ckey(head_name)}.bias", slice(lo, hi)).to(dtype) if head.bias is not None else None
+        if hi - lo < v:  # zero rows padding V to a multiple of world_size
+            w = torch.cat([w, w.new_zeros(v - (hi - lo), w.shape[1])])
+            b = None if b is None else torch.cat([b, b.new_zeros(v - (hi - lo))])
+        used.update({hk, f"{ckey(head_name)}.bias"})
+        parent = model.get_submodule(head_name.rpartition(".")[0]) if "." in head_name else model
+        parent._modules[head_name.rpartition(".")[2]] = VocabParallelLMHead(w, b, V, group, world)
+    elif getattr(text, "tie_word_embeddings", False):
+        model.tie_weights()
+    unused = sorted(k for k in reader.file_of if k not in used)
+    if unused:
+        raise TPError(f"load: checkpoint tensors that the per-rank loader does not place: {unused[:8]}"
+                      f"{' ...' if len(unused) > 8 else ''}")
+    # non-persistent buffers (rotary inv_freq) were built on meta: build those modules again on the CPU
+    for name, mod in list(model.named_modules()):
+        if any(b.is_meta for b in mod.buffers(recurse=False)) and hasattr(mod, "config"):
+            model.set_submodule(name, type(mod)(config=mod.config))
+    meta = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if meta:
+        raise TPError(f"load: model tensors not found in the checkpoint: {meta[:8]}{' ...' if len(meta) > 8 else ''}")
+    if vocab_parallel and not split_head:  # a tied head: read whole with the embedding, split like shard()
+        for parent, attr, new in _plan_lm_head(model, rank, world, group):
+            parent._modules[attr] = new
+    convert(model, act_quant=act_quant)
+    n_attn = n_mlp = 0
+    for name, mod in list(model.named_modules()):
+        for leaf in _ROW:
+            lin = mod._modules.get(leaf)
+            if isinstance(lin, AWQLinear):
+                mod._modules[leaf] = RowParallelLinear(lin, row_bias.get(f"{name}.{leaf}" if name else leaf),
+                                                       group, world)
+                n_attn += leaf == "o_proj"
+                n_mlp += leaf == "down_proj"
+    try:
+        model.generation_config = transformers.GenerationConfig.from_pretrained(model_dir)
+    except OSError:
+        pass
+    model.eval()
+    model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
+                     "num_key_value_heads": hkv_all, "attention_layers": n_attn, "mlp_layers": n_mlp,
+                     "vocab_parallel": isinstance(model.get_output_embeddings(), VocabParallelLMHead),
+                     "read": {"format": fmt, "bytes": dict(reader.read_bytes), "whole": sorted(reader.whole),
+                              "checkpoint_bytes": reader.total_bytes()}}
+    return model
