@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 -m awq_inductor --tp 2            # the demo, sharded
 
     import torch.distributed as dist, awq_inductor
-    from awq_inductor import tp
+    from awq_inductor.transform import tp
     dist.init_process_group("gloo")
     model = AutoModelForCausalLM.from_pretrained(awq_dir)            # patch_transformers() + convert
     tp.shard(model)                                                   # group=None: the WORLD group
