@@ -61,7 +61,7 @@ def heldout_text() -> str:
 def heldout_ids(n_tokens: Optional[int] = None, tokenizer=None) -> torch.Tensor:
     """[1, T] token ids of ``heldout.txt`` (its first ``n_tokens``)."""
     tok = tokenizer or load_tokenizer()
-    ids = tok(heldout_text(), add_special_tokens=False, return_tensors="pt")["input_ids"]
+    ids = tok(heldout_text(), add_special_tokens=False, return_tensors="pt", verbose=False)["input_ids"]
     if n_tokens is not None:
         if ids.shape[1] < n_tokens:
             raise ValueError(f"n_tokens: heldout.txt has {ids.shape[1]} tokens, asked for {n_tokens}")
@@ -100,6 +100,17 @@ def greedy(model, ids: torch.Tensor, new_tokens: int, pad_token_id: int = 0) -> 
     out = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                          pad_token_id=pad_token_id)
     return out[:, ids.shape[1]:]
+
+
+@torch.no_grad()
+def forced_agreement(model, prompt: torch.Tensor, ref_tokens: torch.Tensor) -> float:
+    """Fraction of a reference's greedy tokens ``ref_tokens`` [1, n] that ``model`` picks too, each
+    given the same context (``prompt`` + the reference's earlier tokens; one forward). Unlike comparing
+    two free-running ``generate`` outputs, one flipped near-tie does not turn every later token into a
+    mismatch."""
+    x = torch.cat([prompt, ref_tokens[:, :-1]], 1)
+    pred = model(x).logits[:, prompt.shape[1] - 1:].argmax(-1)
+    return (pred == ref_tokens).float().mean().item()
 
 
 def save_quantized_checkpoint(path: str, quant_method: str = "awq", format: str = "gemm", group_size: int = 128,
