@@ -1,8 +1,11 @@
 """``python -m awq_inductor``: load an AWQ model through the transformers patch, compile it, and
 compare prefill / decode speed of the compiled path, our eager path and the dense model.
 
-With no ``--model`` a small Llama-shaped AWQ (gemm) checkpoint with random weights is built once
-and cached in ``~/.cache/awq_inductor/models`` (nothing is downloaded).
+With no ``--model`` the tiny real Llama that ships with the package (trained on the Python
+standard library, awq_inductor/data/tiny_llama) is quantized to AWQ gemm once and cached in
+``~/.cache/awq_inductor/models`` (nothing is downloaded); it continues a held-out piece of Python
+code, or ``--prompt TEXT``, printing the text as it is generated. ``--random-model`` uses a larger
+Llama-shaped model with random weights instead (speed only: its text is noise).
 """
 from __future__ import annotations
 
@@ -101,12 +104,66 @@ def bench(model, ids, new_tokens: int, label: str, repeats: int = 3):
     return pf, dc, out
 
 
+def _tokenizer(path: str):
+    """The checkpoint's tokenizer, or None (e.g. the random model has none)."""
+    import transformers
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _prompt_ids(args, tokenizer, vocab_size: int):
+    """[batch, T]: --prompt tokenized; else the first --prompt-len tokens of the packaged held-out
+    text (or random ids for a model without a tokenizer)."""
+    import torch
+
+    if args.prompt is not None:
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    elif tokenizer is not None:
+        from . import tiny_model
+
+        ids = tokenizer(tiny_model.heldout_text(), return_tensors="pt", verbose=False)["input_ids"][:, :args.prompt_len]
+    else:
+        g = torch.Generator().manual_seed(args.seed)
+        return torch.randint(0, vocab_size, (args.batch, args.prompt_len), generator=g)
+    return ids.expand(args.batch, -1).contiguous()
+
+
+def _stream(model, tokenizer, ids, new_tokens: int, label: str) -> bool:
+    """Greedy-generate from the first prompt, printing the text as it comes (TextStreamer); for a
+    compiled model this is also the compile warm-up. A repetition penalty keeps small models (the
+    tiny Llama) out of loops; the timed runs after it are plain greedy. Returns whether it streamed."""
+    import torch
+    import transformers
+
+    if tokenizer is None:
+        return False
+    _log(f"Generating {new_tokens} tokens with the {label} model (greedy, repetition penalty 1.3; "
+         f"the prompt in [brackets]):")
+    sys.stdout.write("[" + tokenizer.decode(ids[0]) + "]")
+    streamer = transformers.TextStreamer(tokenizer, skip_prompt=True)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids[:1], max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                       repetition_penalty=1.3, pad_token_id=tokenizer.pad_token_id or 0, streamer=streamer)
+    dt = time.perf_counter() - t0
+    _log(f"\n  ({new_tokens} tokens in {dt:.1f}s{', including compilation' if 'compiled' in label else ''}; "
+         f"timed runs follow)")
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m awq_inductor",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", metavar="DIR", help="a local AWQ (or GPTQ) checkpoint folder; default: build/reuse "
-                   "a small random Llama-shaped AWQ model (hidden 1024, 4 layers, GQA 16/4 heads, vocab 32000)")
+    p.add_argument("--model", metavar="DIR", help="a local AWQ (or GPTQ) checkpoint folder; default: the packaged "
+                   "tiny Llama trained on the Python stdlib, quantized to AWQ gemm (cached)")
+    p.add_argument("--random-model", action="store_true", help="instead of the tiny Llama, build/reuse a larger "
+                   "random Llama-shaped AWQ model (hidden 1024, 4 layers, GQA 16/4 heads, vocab 32000)")
+    p.add_argument("--prompt", metavar="TEXT", help="generate from TEXT (tokenized with the checkpoint's tokenizer), "
+                   "streaming the output; default: a held-out piece of Python code (--prompt-len tokens)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens for prefill (default 128)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to decode (default 32)")
     p.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
@@ -120,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--group-size", type=int, default=128, help="group size of the default model (default 128)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"),
                    help="where the default model is cached (default ~/.cache/awq_inductor/models)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (models without a tokenizer)")
     p.add_argument("--tp", type=int, default=None, metavar="N",
                    help="tensor parallelism over N ranks: run as torchrun --nproc-per-node N -m awq_inductor --tp N; "
                         "each rank pins its threads to its own cores, rank 0 prints; the dense and int4pack "
@@ -158,7 +215,14 @@ def main(argv=None) -> int:
              f"{tp_info['threads']} threads per rank")
         if tp_info["rank"] != 0 and not args.model:
             dist.barrier()  # rank 0 builds the default model first
-    path = args.model or default_model_dir(args.cache_dir, args.group_size)
+    if args.model:
+        path = args.model
+    elif args.random_model:
+        path = default_model_dir(args.cache_dir, args.group_size)
+    else:
+        from . import tiny_model
+
+        path = tiny_model.demo_checkpoint(args.cache_dir, args.group_size, log=_log)
     if tp_info and tp_info["rank"] == 0 and not args.model:
         dist.barrier()
     patch_transformers()
@@ -186,10 +250,13 @@ def main(argv=None) -> int:
     _log(f"  loaded {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {n_int4} int4 linears "
          f"({n_int4 / max(model.config.num_hidden_layers, 1):.0f} per layer)")
 
-    g = torch.Generator().manual_seed(args.seed)
-    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.prompt_len), generator=g)
-    _log(f"Benchmark: batch {args.batch}, prompt {args.prompt_len} tokens, {args.new_tokens} new tokens")
+    tokenizer = _tokenizer(path)
+    if args.prompt is not None and tokenizer is None:
+        p.error(f"--prompt: {path} has no tokenizer files")
+    ids = _prompt_ids(args, tokenizer, model.config.vocab_size)
+    _log(f"Benchmark: batch {args.batch}, prompt {ids.shape[1]} tokens, {args.new_tokens} new tokens")
     results = {}
+    streamed = False
     if not args.no_compile:
         try:
             from .inductor.backend import awq_inductor_backend as backend
@@ -200,10 +267,12 @@ def main(argv=None) -> int:
         orig_forward = model.forward
         model.forward = torch.compile(orig_forward, backend=backend)
         try:
+            streamed = streamed or _stream(model, tokenizer, ids, args.new_tokens, f"compiled ({bname})")
             results["compiled"] = bench(model, ids, args.new_tokens, f"awq int4 compiled ({bname})")
         finally:
             model.forward = orig_forward
     if not args.no_eager:
+        streamed = streamed or _stream(model, tokenizer, ids, args.new_tokens, "eager")
         results["eager"] = bench(model, ids, args.new_tokens, "awq int4 eager")
     if not args.no_dense:
         dense = _dense_model(path, dtype) if not args.model else None
@@ -235,8 +304,9 @@ def main(argv=None) -> int:
     pairs = [(k, "eager") for k in ("compiled",) if k in outs and "eager" in outs]
     pairs += [(k, "dense") for k in ("compiled", "eager", "int4pack") if k in outs and "dense" in outs]
     if pairs:
-        _log(f"greedy tokens ({args.dtype} activations; random weights give near-flat logits, so "
-             f"rounding differences flip near-ties):")
+        why = ("a real model: greedy choices are mostly clear-cut" if tokenizer is not None else
+               "random weights give near-flat logits, so rounding differences flip near-ties")
+        _log(f"greedy tokens ({args.dtype} activations; {why}):")
     for a, b in pairs:
         pct, first = agree(a, b)
         where = "all identical" if first is None else f"first difference at new token {first}"

@@ -28,3 +28,13 @@ def test_codegen_loads_templates_through_the_package():
     if os.environ.get("CI"):
         # CI installs with a plain `pip install .`: the package must not be the source tree.
         assert "site-packages" in awq_inductor.__file__
+
+
+def test_installed_package_ships_the_tiny_llama():
+    # the demo's default model and tests/test_fidelity.py's data are package data of awq_inductor
+    from awq_inductor import tiny_model
+
+    res = importlib.resources.files("awq_inductor") / "data" / "tiny_llama"
+    names = {p.name for p in res.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "heldout.txt"} <= names
+    assert os.path.samefile(tiny_model.checkpoint_dir(), str(res))
