@@ -1,4 +1,5 @@
 """The installed package carries its C++ templates (non-editable `pip install .` in CI)."""
+import importlib.resources
 import os
 
 import awq_inductor
