@@ -37,17 +37,8 @@ def default_model_dir(cache_dir: str, group_size: int) -> str:
     cfg = testing.tiny_config("llama", **DEFAULT_SHAPE)
     model = testing.build_float_model(cfg, seed=0, dtype=torch.float32)
     tmp = path + ".tmp"
-    ref = testing.save_quantized(model, tmp, format="gemm", group_size=group_size)
-    from safetensors.torch import save_file
-
-    # the dense baseline: the dequantized weights in bf16, so all three paths compute the same model
-    save_file({k: v.to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
-               for k, v in ref.state_dict().items()}, os.path.join(tmp, "dense.safetensors"))
-    if os.path.exists(path):
-        import shutil
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    return path
+    return testing.publish_demo_checkpoint(testing.save_quantized(model, tmp, format="gemm", group_size=group_size),
+                                           tmp, path)
 
 
 def _dense_model(path: str, dtype):

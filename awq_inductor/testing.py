@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 from typing import Dict, Iterable, Optional, Tuple
 
 import torch
@@ -155,6 +156,20 @@ def save_quantized(model: nn.Module, path: str, *, quant_method: str = "awq", fo
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, default=str)
     return ref
+
+
+def publish_demo_checkpoint(ref: nn.Module, tmp: str, path: str) -> str:
+    """Finish a demo checkpoint written to ``tmp``: add ``dense.safetensors`` (the dequantized weights
+    ``ref`` in bf16, so the dense baseline computes the same model), then rename ``tmp`` to ``path``
+    (a reader never sees a half-written folder)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
+               for k, v in ref.state_dict().items()}, os.path.join(tmp, "dense.safetensors"))
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return path
 
 
 def rewrite_checkpoint(path: str, edit) -> None:

@@ -140,18 +140,10 @@ def checkpoint_digest() -> str:
 def demo_checkpoint(cache_dir: str, group_size: int = 128, log=print) -> str:
     """The demo's model: the tiny Llama quantized to AWQ gemm, cached under ``cache_dir`` with
     ``dense.safetensors`` (the dequantized weights in bf16: the dense baseline computes the same model)."""
-    from safetensors.torch import save_file
-
     path = os.path.join(cache_dir, f"tiny-llama-{checkpoint_digest()}-awq-gemm-g{group_size}")
     if os.path.exists(os.path.join(path, "model.safetensors")) and os.path.exists(os.path.join(path, "dense.safetensors")):
         log(f"Using cached default model: {path}")
         return path
     log(f"Quantizing the packaged tiny Llama (trained on the Python stdlib) to AWQ gemm g{group_size} in {path}")
     tmp = path + ".tmp"
-    ref = save_quantized_checkpoint(tmp, "awq", "gemm", group_size)
-    save_file({k: v.to(torch.bfloat16).contiguous() if v.is_floating_point() else v.contiguous()
-               for k, v in ref.state_dict().items()}, os.path.join(tmp, "dense.safetensors"))
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    return path
+    return testing.publish_demo_checkpoint(save_quantized_checkpoint(tmp, "awq", "gemm", group_size), tmp, path)
