@@ -24,17 +24,12 @@ from awq_inductor import patch_transformers
 from awq_inductor.__main__ import bench
 from awq_inductor.baselines import to_int4pack
 from awq_inductor.testing import build_float_model, save_quantized
+from llama_shape import add_shape_args, llama_config  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--intermediate", type=int, default=11008)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--group-size", type=int, default=128)
+    add_shape_args(p, layers=2)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
@@ -43,10 +38,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     methods = a.methods.split(",")
-    cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                                   num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                                   num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
-                                   tie_word_embeddings=False)
+    cfg = llama_config(a)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         ref = save_quantized(build_float_model(cfg), d, format="gemm", group_size=a.group_size)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from llama_shape import add_shape_args, llama_config  # noqa: E402  (benchmarks/ is sys.path[0])
 
 _MEASURE = r"""
 import json, sys, time
@@ -50,14 +51,10 @@ print("RESULT " + json.dumps(dict(rss_before=before, peak=peak, rss_after=after,
 
 def _make(d: str, a) -> None:
     import torch
-    import transformers
 
     from awq_inductor.testing import build_float_model, save_quantized
 
-    cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                                   num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                                   num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
-                                   tie_word_embeddings=False)
+    cfg = llama_config(a)
     save_quantized(build_float_model(cfg, dtype=torch.float16), d, format="gemm", group_size=a.group_size)
 
 
@@ -70,13 +67,7 @@ def measure(d: str, threads: int = 2) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--intermediate", type=int, default=11008)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=32)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--group-size", type=int, default=128)
+    add_shape_args(p, layers=4, kv_heads=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dir", default=None, help="checkpoint folder (made if missing, kept)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "load_memory.json"))

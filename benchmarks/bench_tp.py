@@ -29,6 +29,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from llama_shape import add_shape_args, llama_config  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def log(*a):
@@ -37,16 +38,11 @@ def log(*a):
 
 
 def build_checkpoint(path, a):
-    import transformers
-
     from awq_inductor.testing import build_float_model, save_quantized
 
     if os.path.exists(os.path.join(path, "model.safetensors")):
         return
-    cfg = transformers.LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
-                                   num_hidden_layers=a.layers, num_attention_heads=a.heads,
-                                   num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
-                                   tie_word_embeddings=False)
+    cfg = llama_config(a)
     t0 = time.perf_counter()
     tmp = path + ".tmp"
     save_quantized(build_float_model(cfg, dtype=torch.bfloat16), tmp, format="gemm", group_size=a.group_size)
@@ -101,13 +97,7 @@ def allgather_ms(cols, iters):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--intermediate", type=int, default=11008)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--group-size", type=int, default=128)
+    add_shape_args(p, layers=4)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5)

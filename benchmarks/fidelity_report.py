@@ -38,7 +38,7 @@ def main(argv=None):
     import transformers
 
     from awq_inductor import patch_transformers, tiny_model
-    from awq_inductor.transform import convert, count_int4_linears
+    from awq_inductor.transform import convert
 
     if args.threads:
         torch.set_num_threads(args.threads)
