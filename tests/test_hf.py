@@ -1,7 +1,6 @@
 """Loading real (tiny, random) AWQ / GPTQ checkpoints through awq_inductor.patch_transformers."""
 from __future__ import annotations
 
-import copy
 import os
 
 import pytest
@@ -13,7 +12,6 @@ pytest.importorskip("safetensors")
 
 from awq_inductor import testing  # noqa: E402
 from awq_inductor.integrations import transformers as awq_hf  # noqa: E402
-from awq_inductor.transform.model_pass import OutputSlice  # noqa: E402
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear, ScaledActivation  # noqa: E402
 
 

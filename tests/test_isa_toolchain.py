@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from awq_inductor import AWQLinear, config
+from awq_inductor import AWQLinear
 from awq_inductor.kernels import isa, native, toolchain
 from helpers import random_canonical
 

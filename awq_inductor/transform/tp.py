@@ -694,7 +694,6 @@ def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: 
         model = transformers.AutoModelForCausalLM.from_config(local, dtype=dtype, **from_config_kwargs)
     local.quantization_config = qcfg
     reader = _SliceReader(model_dir)
-    names = {n for n, _ in model.named_modules()} | set(model.state_dict().keys())
     prefix = getattr(model, "base_model_prefix", "") or ""
 
     def ckey(name: str) -> str:  # model name -> checkpoint key (allowing a missing / extra base-model prefix)
