@@ -159,3 +159,55 @@ OPS: Dict[str, Op] = {op.name: op for op in (Op(s, spec) for s in (W4A16, W4A8) 
 
 def op_for(act_quant: Optional[str], spec: OpSpec) -> Op:
     return OPS[scheme_for(act_quant).op_prefix + spec.suffix]
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts: one op per scheme over all experts of a layer (awq_inductor.moe)
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class MoeOp:
+    """``awq::<scheme.op_prefix without "mm">moe...``: the experts of a sparse-MoE layer.
+
+    ``w13`` holds every expert's gate|up weight packed like :data:`GATE_UP_SILU` (2I interleaved
+    columns, K = H), stacked on a leading expert dim; ``w2`` every expert's down weight packed like
+    :data:`LINEAR` (H columns, K = I). The kernel runs the scheme's driver on both (no other
+    driver): ``out[t] = sum_j w[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t]))``, e = ids[t, j]."""
+
+    scheme: Scheme
+
+    @property
+    def name(self) -> str:
+        return self.scheme.op_prefix.replace("int4_mm", "int4_moe")
+
+    @property
+    def c_entry(self) -> str:
+        return "awq_" + self.name
+
+    @property
+    def w13(self) -> Op:
+        return Op(self.scheme, GATE_UP_SILU)
+
+    @property
+    def w2(self) -> Op:
+        return Op(self.scheme, LINEAR)
+
+    def weight_names(self):
+        """Op argument names of the packed tensors, in order: w13_* then w2_*."""
+        return [f"{p}_{w.name}" for p in ("w13", "w2") for w in self.scheme.weights]
+
+    @property
+    def schema(self) -> str:
+        weights = ", ".join(f"Tensor {n}" for n in self.weight_names())
+        return (f"(Tensor x, Tensor topk_ids, Tensor topk_weights, {weights}, int group_size, "
+                f"int intermediate_size) -> Tensor")
+
+    @property
+    def torch_op(self):
+        return getattr(torch.ops.awq, self.name)
+
+
+MOE_OPS: Dict[str, MoeOp] = {m.name: m for m in (MoeOp(W4A16), MoeOp(W4A8))}
+
+
+def moe_op_for(act_quant: Optional[str]) -> MoeOp:
+    return MOE_OPS[scheme_for(act_quant).op_prefix.replace("int4_mm", "int4_moe")]

@@ -1,0 +1,218 @@
+"""The mixture-of-experts ops ``awq::int4_moe`` (W4A16) and ``awq::int4_moe_a8`` (W4A8), one per
+entry of :data:`awq_inductor.schemes.MOE_OPS`:
+
+    awq::int4_moe(Tensor x, Tensor topk_ids, Tensor topk_weights,
+                  Tensor w13_qweight, Tensor w13_scales, Tensor w13_zeros,
+                  Tensor w2_qweight, Tensor w2_scales, Tensor w2_zeros,
+                  int group_size, int intermediate_size) -> Tensor
+    awq::int4_moe_a8(... w13_comp after w13_zeros, w2_comp after w2_zeros ...)
+
+* ``x`` [T, H] (bf16, fp16 or fp32; T may be symbolic and 0); ``topk_ids`` int32/int64 [T, k] in
+  [0, E); ``topk_weights`` [T, k] floating (fp32 or x's dtype; routing stays in PyTorch).
+* ``w13_*``: every expert's gate|up weight in the layout of ``awq::<scheme>_silu_mul``
+  (``schemes.OPS[...silu_mul].pack``: 2I interleaved columns, K = H), stacked on a leading dim E.
+* ``w2_*``: every expert's down weight in the layout of ``awq::<scheme>`` (H columns, K = I), stacked.
+* Returns [T, H] in x's dtype: ``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``.
+
+The eager kernel (``csrc_templates/moe/experts.h.j2`` around the scheme's header) sorts the
+(token, slot) pairs by expert, gathers each selected expert's rows and runs the scheme's one driver
+for gate|up (SiLU * mul epilogue) and down, so only selected experts' weights are read.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Callable, Optional
+
+import torch
+
+from . import config, packing
+from .kernels import codegen, isa as isa_mod, native
+from .ops import _check_group_size, _check_x, _quantize_rows
+from .schemes import MOE_OPS, W4A16, MoeOp
+
+_IDS_DTYPES = (torch.int32, torch.int64)
+
+
+def _split(mop: MoeOp, weights):
+    n = len(mop.scheme.weights)
+    return list(weights[:n]), list(weights[n:])
+
+
+def _check_routing(x, topk_ids, topk_weights) -> None:
+    if topk_ids.dtype not in _IDS_DTYPES or topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids: expected int32/int64 [T, k], got {topk_ids.dtype} {list(topk_ids.shape)}")
+    if topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids: expected {x.shape[0]} rows (the tokens of x), got {topk_ids.shape[0]}")
+    if not topk_weights.is_floating_point() or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights: expected a floating [T, k] = {list(topk_ids.shape)} tensor, "
+                         f"got {topk_weights.dtype} {list(topk_weights.shape)}")
+
+
+def _check_stack(mop: MoeOp, prefix: str, weights, E: int, N: int, K: int, G: int) -> None:
+    """The packed tensors of one projection of all E experts: qweight uint8 [E, Np, K/kpr, rb],
+    the rest [E, K/G, Npad]."""
+    s, bn = mop.scheme, packing.BLOCK_N
+    np_ = -(-N // bn)
+    want = (E, np_, K // s.k_per_row, s.row_bytes)
+    qw = weights[0]
+    if qw.dtype != torch.uint8 or tuple(qw.shape) != want:
+        raise ValueError(f"{prefix}_qweight: expected uint8 {list(want)} (E experts of "
+                         f"packing.{s.pack.__name__}, N={N}, K={K}), got {qw.dtype} {list(qw.shape)}")
+    for spec, t in zip(s.weights[1:], weights[1:]):
+        want = (E, K // G, np_ * bn)
+        if t.dtype != spec.dtype or tuple(t.shape) != want:
+            dt = str(spec.dtype).replace("torch.", "")
+            raise ValueError(f"{prefix}_{spec.name}: expected {dt} {list(want)}, got {t.dtype} {list(t.shape)}")
+
+
+def check_args(mop: MoeOp, x, topk_ids, topk_weights, *args) -> None:
+    """ValueError naming the tensor, the expected and the actual value; works on fake tensors."""
+    *weights, group_size, intermediate_size = args
+    _check_x(x)
+    _check_routing(x, topk_ids, topk_weights)
+    I, bn = intermediate_size, packing.BLOCK_N
+    if I <= 0 or I % bn:
+        raise ValueError(f"intermediate_size: expected a positive multiple of {bn}, got {I}")
+    w13, w2 = _split(mop, weights)
+    if w13[0].dim() != 4:
+        raise ValueError(f"w13_qweight: expected a 4-D [E, Np, K/{mop.scheme.k_per_row}, "
+                         f"{mop.scheme.row_bytes}] tensor, got {list(w13[0].shape)}")
+    E, H = w13[0].shape[0], x.shape[1]
+    _check_group_size(group_size, H, mop.scheme.group_multiple)
+    if I % group_size:
+        raise ValueError(f"group_size: expected a divisor of intermediate_size={I} too (one group "
+                         f"size for gate|up and down), got {group_size}")
+    _check_stack(mop, "w13", w13, E, 2 * I, H, group_size)
+    _check_stack(mop, "w2", w2, E, H, I, group_size)
+
+
+def check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """Eager only (reads the values): every id in [0, E)."""
+    if topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= num_experts:
+            raise ValueError(f"topk_ids: expected values in [0, {num_experts}) (the experts of w13_qweight), "
+                             f"got min {lo}, max {hi}")
+
+
+def expert_canonical(mop: MoeOp, weights, e: int, hidden_size: int, intermediate_size: int):
+    """Expert ``e`` in canonical form: ((q, z, s) of [gate ; up] [2I, H], (q, z, s) of down [H, I])."""
+    w13, w2 = _split(mop, weights)
+    gu = mop.w13.unpack(*(t[e] for t in w13[:3]), intermediate_size)
+    down = mop.w2.unpack(*(t[e] for t in w2[:3]), hidden_size)
+    return gu, down
+
+
+def pack_experts(mop: MoeOp, gate_up, down, group_size: int, intermediate_size: int):
+    """Stack E experts into the op's weight arguments (w13_* then w2_*). ``gate_up``: per expert a
+    canonical (q, z, s) with rows [gate (I) ; up (I)] x K = H; ``down``: per expert (q, z, s) [H, I]."""
+    if len(gate_up) != len(down) or not gate_up:
+        raise ValueError(f"down: expected as many experts as gate_up ({len(gate_up)}), got {len(down)}")
+    w13 = [mop.w13.pack(*t, group_size, intermediate_size) for t in gate_up]
+    w2 = [mop.w2.pack(*t, group_size, t[0].shape[0]) for t in down]
+    return [torch.stack(ts) for ts in zip(*w13)] + [torch.stack(ts) for ts in zip(*w2)]
+
+
+def reference(name: str, x, topk_ids, topk_weights, *args, quantize_x: bool = False) -> torch.Tensor:
+    """fp32 oracle of ``awq::<name>``: dequantize each selected expert, run it in fp32 on its
+    tokens, round the SiLU * up intermediate to x's dtype (as the kernel and the dense MLP do),
+    weight, sum over top-k in fp32, cast once. ``quantize_x`` (W4A8): the kernels' per-token int8
+    quantization of both GEMMs' inputs. Tests only."""
+    mop = MOE_OPS[name]
+    *weights, group_size, I = args
+    T, H = x.shape
+    out = torch.zeros(T, H, dtype=torch.float32)
+    xf = x.to(torch.float32)
+    for e in sorted(set(topk_ids.flatten().tolist())):
+        (gq, gz, gs), (dq, dz, ds) = expert_canonical(mop, weights, e, H, I)
+        w13 = packing.dequantize_canonical(gq, gz, gs, group_size)
+        w2 = packing.dequantize_canonical(dq, dz, ds, group_size)
+        tok, slot = torch.where(topk_ids == e)
+        xe = _quantize_rows(xf[tok]) if quantize_x else xf[tok]
+        gu = xe @ w13.t()
+        h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(x.dtype).to(torch.float32)
+        if quantize_x:
+            h = _quantize_rows(h)
+        y = (h @ w2.t()) * topk_weights[tok, slot].to(torch.float32)[:, None]
+        out.index_add_(0, tok, y)
+    return out.to(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
+    mop = MOE_OPS[name]
+    if isa == "amx" and not emulate and (mop.scheme is not W4A16 or x_dtype == torch.bfloat16):
+        if not isa_mod.amx_permission():
+            raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
+                               "permission; set awq_inductor.config.force_isa = 'avx512'")
+    header = codegen.render_header(mop.scheme, isa, x_dtype, emulate)
+    kw = dict(isa=isa, x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
+    src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header, **kw)
+    so = native.build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
+                      isa=isa + ("-emulated" if emulate else ""))
+    return ctypes.CDLL(so)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
+    mop = MOE_OPS[name]
+    fn = getattr(_library(name, isa, x_dtype, emulate), f"{mop.c_entry}_{codegen.dtype_name(x_dtype)}")
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    nw = len(mop.scheme.weights)
+    # x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads
+    fn.argtypes = [vp, i64, vp, vp, i64] + [vp] * (2 * nw) + [vp, i64, i64, i64, i64, ctypes.c_int]
+    fn.restype = None
+
+    def kernel(x, topk_ids, topk_weights, *args):
+        *weights, group_size, I = args
+        T, H = x.shape
+        out = torch.empty((T, H), dtype=x.dtype)
+        ids = topk_ids.to(torch.int64).contiguous()
+        tw = topk_weights.to(torch.float32).contiguous()
+        nt = config.num_threads or torch.get_num_threads()
+        fn(x.data_ptr(), T, ids.data_ptr(), tw.data_ptr(), ids.shape[1], *(w.data_ptr() for w in weights),
+           out.data_ptr(), weights[0].shape[0], H, I, group_size, nt)
+        return out
+
+    kernel.isa = isa  # type: ignore[attr-defined]
+    return kernel
+
+
+def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """The eager kernel of ``awq::<name>`` (an int4_moe op), built once per (op, ISA, dtype, AMX
+    emulation); arguments already validated, x contiguous, weights contiguous."""
+    isa = isa_mod.select() if isa is None else isa_mod.check(isa)
+    return _kernel(name, isa, x_dtype, isa == "amx" and isa_mod.amx_emulated())
+
+
+def forget_kernels() -> None:
+    _kernel.cache_clear()
+    _library.cache_clear()
+
+
+def _register(mop: MoeOp) -> None:
+    """``awq::<name>``: fake impl (dynamic T) and the CPU eager impl."""
+    torch.library.define(f"awq::{mop.name}", mop.schema)
+
+    def fake(x, topk_ids, topk_weights, *args):
+        from . import inductor
+
+        inductor.register()
+        check_args(mop, x, topk_ids, topk_weights, *args)
+        return x.new_empty(x.shape)
+
+    def cpu(x, topk_ids, topk_weights, *args):
+        check_args(mop, x, topk_ids, topk_weights, *args)
+        check_ids(topk_ids, args[0].shape[0])
+        if x.shape[0] == 0:
+            return x.new_empty(x.shape)
+        args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+        return get_kernel(mop.name, x.dtype)(x.contiguous(), topk_ids, topk_weights, *args)
+
+    torch.library.register_fake(f"awq::{mop.name}", fake)
+    torch.library.impl(f"awq::{mop.name}", "CPU", cpu)
+
+
+for _mop in MOE_OPS.values():
+    _register(_mop)
