@@ -1,0 +1,163 @@
+"""awq::int4_moe / int4_moe_a8: eager kernel vs the fp32 reference, errors, torch.compile."""
+import pytest
+import torch
+
+from awq_inductor import config, moe
+from awq_inductor.schemes import MOE_OPS
+
+from helpers import random_canonical
+
+NAMES = list(MOE_OPS)
+
+
+def experts(E, H, I, G, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gu = [random_canonical(2 * I, H, G, torch.float16, generator=g) for _ in range(E)]
+    dn = [random_canonical(H, I, G, torch.float16, generator=g) for _ in range(E)]
+    return gu, dn
+
+
+def routing(T, E, k, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    tw, ids = torch.softmax(torch.randn(T, E, generator=g), -1).topk(k, -1)
+    return ids, tw.to(dtype)
+
+
+def check(name, x, ids, tw, W, G, I):
+    y = MOE_OPS[name].torch_op(x, ids, tw, *W, G, I)
+    r = moe.reference(name, x, ids, tw, *W, G, I, quantize_x=MOE_OPS[name].scheme.act_quant is not None)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    if x.shape[0]:
+        tol = 1e-4 if x.dtype == torch.float32 else 2e-2
+        err = (y.float() - r.float()).abs().max().item()
+        assert err <= tol * r.float().abs().max().item() + 1e-6, (name, x.dtype, x.shape, err)
+    return y
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("E,k", [(8, 2), (4, 1), (16, 4)])
+def test_matches_reference(name, dtype, E, k):
+    H, I, G = 128, 64, 32
+    W = moe.pack_experts(MOE_OPS[name], *experts(E, H, I, G), G, I)
+    for T in (0, 1, 3, 17, 64):
+        ids, tw = routing(T, E, k, seed=T)
+        x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(dtype)
+        check(name, x, ids, tw, W, G, I)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_and_both_schedules(name, threads):
+    # T=1, k=2: 2 experts, run one after another; T=64: 8 experts, one parallel region over experts
+    H, I, G, E = 64, 96, 32, 8
+    W = moe.pack_experts(MOE_OPS[name], *experts(E, H, I, G, seed=1), G, I)
+    with config.patch(num_threads=threads):
+        for T in (1, 64):
+            ids, tw = routing(T, E, 2, seed=3)
+            check(name, torch.randn(T, H), ids, tw, W, G, I)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_portable_isa(name):
+    H, I, G, E = 128, 64, 32, 6
+    W = moe.pack_experts(MOE_OPS[name], *experts(E, H, I, G, seed=2), G, I)
+    with config.patch(force_isa="portable"):
+        assert moe.get_kernel(name, torch.float32).isa == "portable"
+        for T in (1, 17):
+            ids, tw = routing(T, E, 2, seed=T)
+            check(name, torch.randn(T, H), ids, tw, W, G, I)
+            check(name, torch.randn(T, H).bfloat16(), ids, tw, W, G, I)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_amx_emulated(name):
+    H, I, G, E = 128, 64, 32, 2
+    W = moe.pack_experts(MOE_OPS[name], *experts(E, H, I, G, seed=4), G, I)
+    with config.patch(force_isa="amx", amx_emulation=True, amx_min_m=16):
+        ids, tw = routing(80, E, 1, seed=5)  # ~40 rows per expert: the AMX paths
+        check(name, torch.randn(80, H).bfloat16(), ids, tw, W, G, I)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reads_only_selected_experts(name):
+    """Unselected experts' scales are NaN: the result must not see them."""
+    H, I, G, E = 64, 64, 32, 8
+    W = moe.pack_experts(MOE_OPS[name], *experts(E, H, I, G, seed=6), G, I)
+    ids = torch.tensor([[1, 5]])
+    tw = torch.tensor([[0.7, 0.3]])
+    x = torch.randn(1, H)
+    ref = check(name, x, ids, tw, W, G, I)
+    nw = len(MOE_OPS[name].scheme.weights)
+    poisoned = [t.clone() for t in W]
+    for i in (1, nw + 1):  # w13_scales, w2_scales
+        for e in set(range(E)) - {1, 5}:
+            poisoned[i][e] = float("nan")
+    y = MOE_OPS[name].torch_op(x, ids, tw, *poisoned, G, I)
+    assert torch.isfinite(y).all()
+    torch.testing.assert_close(y, ref, rtol=0, atol=0)
+
+
+def test_weights_in_x_dtype_and_int32_ids():
+    H, I, G, E = 64, 64, 32, 4
+    W = moe.pack_experts(MOE_OPS["int4_moe"], *experts(E, H, I, G), G, I)
+    ids, tw = routing(5, E, 2)
+    x = torch.randn(5, H).bfloat16()
+    a = MOE_OPS["int4_moe"].torch_op(x, ids, tw, *W, G, I)
+    b = MOE_OPS["int4_moe"].torch_op(x, ids.int(), tw.bfloat16().float(), *W, G, I)
+    c = MOE_OPS["int4_moe"].torch_op(x, ids.int(), tw.bfloat16(), *W, G, I)
+    torch.testing.assert_close(b, c, rtol=0, atol=0)
+    torch.testing.assert_close(a, b, rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_errors_name_the_tensor(name):
+    H, I, G, E = 64, 64, 32, 4
+    mop = MOE_OPS[name]
+    W = moe.pack_experts(mop, *experts(E, H, I, G), G, I)
+    ids, tw = routing(3, E, 2)
+    x = torch.randn(3, H)
+    op = mop.torch_op
+    with pytest.raises(ValueError, match=r"topk_ids: expected values in \[0, 4\).*max 4"):
+        op(x, torch.tensor([[0, 4]] * 3), tw, *W, G, I)
+    with pytest.raises(ValueError, match="topk_ids: expected int32/int64"):
+        op(x, ids.float(), tw, *W, G, I)
+    with pytest.raises(ValueError, match="topk_ids: expected 3 rows"):
+        op(x, ids[:2], tw[:2], *W, G, I)
+    with pytest.raises(ValueError, match="topk_weights: expected a floating"):
+        op(x, ids, tw[:, :1], *W, G, I)
+    nw = len(mop.scheme.weights)
+    bad = list(W)
+    bad[nw] = W[nw][:3]  # w2_qweight with 3 experts
+    with pytest.raises(ValueError, match=r"w2_qweight: expected uint8 \[4, 2, "):
+        op(x, ids, tw, *bad, G, I)
+    bad = list(W)
+    bad[2] = W[2][:, :1]
+    with pytest.raises(ValueError, match=r"w13_zeros: expected uint8 \[4, 2, 128\]"):
+        op(x, ids, tw, *bad, G, I)
+    with pytest.raises(ValueError, match="intermediate_size: expected a positive multiple of 32, got 48"):
+        op(x, ids, tw, *W, G, 48)
+    with pytest.raises(ValueError, match="x: expected last dim|w13_qweight"):
+        op(torch.randn(3, 32), ids, tw, *W, G, I)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compile_fullgraph_dynamic_t(name, inductor_clean):
+    from torch._dynamo.utils import counters
+
+    H, I, G, E, k = 64, 64, 32, 8, 2
+    mop = MOE_OPS[name]
+    W = moe.pack_experts(mop, *experts(E, H, I, G, seed=7), G, I)
+    router = torch.randn(E, H, generator=torch.Generator().manual_seed(8))
+
+    def f(x):
+        probs = torch.softmax(x @ router.t(), -1, dtype=torch.float)
+        tw, ids = probs.topk(k, -1)
+        tw = tw / tw.sum(-1, keepdim=True)
+        return mop.torch_op(x, ids, tw.to(x.dtype), *W, G, I) * 2 + x
+
+    cf = torch.compile(f, fullgraph=True, dynamic=True)
+    for T in (3, 17, 40):
+        x = torch.randn(T, H)
+        torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
