@@ -22,6 +22,8 @@ from . import formats, packing
 from .progress import track
 
 ARCHS = ("llama", "qwen2", "mistral", "phi3")
+#: sparse-MoE architectures (transformers 5 experts modules, see awq_inductor.nn.moe.EXPERT_NAMES)
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
 def quantize_weight(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype = torch.float16
@@ -58,9 +60,61 @@ def tiny_config(arch: str = "llama", **overrides):
         cfg = transformers.MistralConfig(**{**common, "sliding_window": None, **overrides})
     elif arch == "phi3":
         cfg = transformers.Phi3Config(**{**common, "pad_token_id": 0, **overrides})
+    elif arch in MOE_ARCHS:
+        cfg = _tiny_moe_config(arch, common, overrides)
     else:
-        raise ValueError(f"arch: expected one of {ARCHS}, got {arch!r}")
+        raise ValueError(f"arch: expected one of {ARCHS + MOE_ARCHS}, got {arch!r}")
     return cfg
+
+
+def _tiny_moe_config(arch: str, common: dict, overrides: dict):
+    """8 experts, top-2, expert intermediate 64 (Qwen2-MoE: a shared expert of 128 with its gate)."""
+    import transformers
+
+    if arch == "mixtral":
+        kw = dict(common, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=None)
+        return transformers.MixtralConfig(**{**kw, **overrides})
+    kw = dict(common, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
+              norm_topk_prob=True)
+    if arch == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**{**kw, "head_dim": 32, **overrides})
+    kw.update(shared_expert_intermediate_size=128, norm_topk_prob=False)
+    return transformers.Qwen2MoeConfig(**{**kw, **overrides})
+
+
+def moe_experts(model: nn.Module, skip: Iterable[str] = ()):
+    """(name, module, (gate, up, down) checkpoint names) of every transformers experts module with
+    3-D ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] (awq_inductor.nn.moe.EXPERT_NAMES)."""
+    from .nn.moe import EXPERT_NAMES
+
+    return [(n, m, EXPERT_NAMES[type(m).__name__]) for n, m in model.named_modules()
+            if type(m).__name__ in EXPERT_NAMES and _should_quantize(n, skip)]
+
+
+def _quantize_experts(name, mod, names, ref, sd, quant_method, format, group_size, scales_dtype) -> None:
+    """Per-expert checkpoint tensors of one experts module; ``ref`` gets the dequantized experts."""
+    I = mod.gate_up_proj.shape[1] // 2
+    r = ref.get_submodule(name)
+    for e in range(mod.gate_up_proj.shape[0]):
+        w_gu, w_d = mod.gate_up_proj[e], mod.down_proj[e]
+        for part, w in ((names[0], w_gu[:I]), (names[1], w_gu[I:]), (names[2], w_d)):
+            q, z, s = quantize_weight(w, group_size, scales_dtype)
+            G = formats.resolve_group_size(group_size, w.shape[1])
+            key = f"{name}.{e}.{part}"
+            if quant_method == "gptq":
+                qw, qz, sc = formats.pack_gptq(q, z, s, G, format=format)
+                sd[f"{key}.g_idx"] = torch.arange(w.shape[1], dtype=torch.int32) // G
+            else:
+                qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
+            sd[f"{key}.qweight"], sd[f"{key}.qzeros"], sd[f"{key}.scales"] = qw, qz, sc
+            deq = dequantize(q, z, s, G).to(r.gate_up_proj.dtype)
+            with torch.no_grad():
+                if part == names[0]:
+                    r.gate_up_proj[e, :I].copy_(deq)
+                elif part == names[1]:
+                    r.gate_up_proj[e, I:].copy_(deq)
+                else:
+                    r.down_proj[e].copy_(deq)
 
 
 def build_float_model(config, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -72,6 +126,9 @@ def build_float_model(config, seed: int = 0, dtype: torch.dtype = torch.float32)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
         for m in model.modules():
+            if type(m).__name__.endswith("Experts") and isinstance(getattr(m, "gate_up_proj", None), torch.Tensor):
+                m.gate_up_proj.normal_(0, 0.05)
+                m.down_proj.normal_(0, 0.05)
             if isinstance(m, nn.Linear):
                 m.weight.normal_(0, 0.05)
                 if m.bias is not None:
@@ -109,6 +166,9 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
     quantized = set()
     linears = [(n, m) for n, m in model.named_modules()
                if isinstance(m, nn.Linear) and m is not out_emb and _should_quantize(n, skip)]
+    for name, m, names in moe_experts(model, skip):
+        _quantize_experts(name, m, names, ref, sd, quant_method, format, group_size, scales_dtype)
+        quantized.add(name)
     for name, m in track(linears, "quantizing", progress):
         q, z, s = quantize_weight(m.weight, group_size, scales_dtype)
         G = formats.resolve_group_size(group_size, m.in_features)

@@ -57,7 +57,8 @@ from transformers.utils import quantization_config as qc
 
 from .. import transform
 from ..formats import AWQ_FORMATS, GPTQ_FORMATS, checkpoint_shapes
-from ..nn import CheckpointInt4Linear, ScaledActivation
+from ..nn import CheckpointInt4Linear, CheckpointMoEExperts, ScaledActivation
+from ..nn.moe import EXPERT_NAMES
 from ..schemes import scheme_for
 #: model_type -> (activation attribute, linear feeding it): AWQ stores ``<mlp>.<act>.scales``.
 ACT_SCALES_MAPPINGS = {
@@ -184,6 +185,38 @@ def _map_key(key: str, names: set, prefix: str) -> str:
     return key
 
 
+#: model_type -> checkpoint module-name renames transformers 5 applies when loading (the MoE block
+#: of Mixtral checkpoints is ``block_sparse_moe``, transformers' module ``mlp``)
+_KEY_RENAMES = {"mixtral": ((".block_sparse_moe.", ".mlp."),)}
+
+
+def _rename_key(key: str, model_type: Optional[str]) -> str:
+    for old, new in _KEY_RENAMES.get(model_type, ()):
+        key = key.replace(old, new)
+    return key
+
+
+def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
+    """Each transformers experts module (3-D ``gate_up_proj`` / ``down_proj``, names in
+    ``nn.moe.EXPERT_NAMES``) whose checkpoint stores per-expert int4 tensors becomes a
+    :class:`CheckpointMoEExperts` with one ``nn.Linear`` per (expert, projection); the int4
+    placeholder pass then treats them like any linear (shape / missing-tensor checks). Experts in
+    ``modules_to_not_convert`` or stored in floating point keep transformers' module."""
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    mt = getattr(model.config, "model_type", None)
+    keys = None if header is None else {_rename_key(k, mt) for k in header}
+    for name, mod in list(model.named_modules()):
+        names = EXPERT_NAMES.get(type(mod).__name__)
+        if names is None or not should_convert_module(name, skip):
+            continue
+        probe = f"{name}.0.{names[0]}.qweight"
+        if keys is not None and not {probe, f"{prefix}.{probe}", probe.partition(".")[2]} & keys:
+            continue  # experts stored in floating point: transformers loads them as they are
+        E, two_i, H = mod.gate_up_proj.shape
+        with torch.device("meta"):
+            model.set_submodule(name, CheckpointMoEExperts(E, H, two_i // 2, names))
+
+
 def _fmt_list(items: List[str], limit: int = 12) -> str:
     items = sorted(items)
     s = ", ".join(items[:limit])
@@ -247,6 +280,8 @@ class _InductorQuantizer(HfQuantizer):
         self.modules_to_not_convert = skip
         headers = read_checkpoint_headers(kwargs.get("checkpoint_files"))
         header = None if headers is None else {k: v[:2] for k, v in headers.items()}
+        _insert_moe_placeholders(model, skip, header)
+        mt = getattr(model.config, "model_type", None)
         names = set()
         for name, _ in model.named_modules():
             names.add(name)
@@ -254,7 +289,7 @@ class _InductorQuantizer(HfQuantizer):
         hkeys = {}
         if header is not None:
             for k, v in header.items():
-                mod_name, _, leaf = k.rpartition(".")
+                mod_name, _, leaf = _rename_key(k, mt).rpartition(".")
                 hkeys[f"{_map_key(mod_name, names, prefix)}.{leaf}"] = (k, v)
         placeholders = {}
         for name, mod in list(model.named_modules()):
@@ -318,8 +353,8 @@ class _InductorQuantizer(HfQuantizer):
             unexpected.append(ckey)
         if unexpected:
             moe = [k for k in unexpected if re.search(r"\.experts\.\d+\.", k)]
-            hint = (" Per-expert MoE weights: transformers 5.x merges experts into 3-D tensors that are not "
-                    "linear layers, so these cannot be loaded as int4 linears." if moe else "")
+            hint = (" Per-expert MoE weights: experts beyond the config's expert count, or an experts module "
+                    f"awq_inductor does not know (it knows {', '.join(EXPERT_NAMES)})." if moe else "")
             raise CheckpointError(
                 f"awq_inductor: {len(unexpected)} quantized checkpoint tensors have no int4 linear module to "
                 f"load into and would be dropped (leaving layers randomly initialised): {_fmt_list(unexpected)}.{hint}")

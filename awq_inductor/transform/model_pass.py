@@ -62,7 +62,7 @@ from .. import formats, packing
 from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
 from ..progress import track
 from ..schemes import scheme_for
-from . import load_memory
+from . import load_memory, moe as moe_pass
 
 #: (fused attribute, parts in output order)
 FUSIONS = (
@@ -447,6 +447,8 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
         model.set_submodule(name, new)
         del new, old
         load_memory.trim_heap()
+    # per-expert linears (CheckpointMoEExperts) -> one AWQMoEExperts per layer, before the fusions
+    moe_pass.convert_experts(model, act_quant)
     if fuse:
         for name, module in list(model.named_modules()):
             if _fuse_gated_mlp(module, act_quant):

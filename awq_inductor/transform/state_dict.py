@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from .. import formats
-from ..nn import AWQGateUpSiluMul, AWQLinear
+from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
+from .moe import experts_state_dict
 
 
 def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dict[str, torch.Tensor]:
@@ -21,6 +22,9 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
     original module names (fused modules split again). Used by ``save_pretrained``."""
     sd = model.state_dict()
     for name, mod in model.named_modules():
+        if isinstance(mod, AWQMoEExperts):
+            experts_state_dict(name, mod, sd, default_format)
+            continue
         if not isinstance(mod, (AWQLinear, AWQGateUpSiluMul)):
             continue
         prefix = f"{name}." if name else ""
