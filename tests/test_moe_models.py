@@ -1,0 +1,177 @@
+"""Sparse-MoE models (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral): per-expert AWQ / GPTQ
+checkpoints load through patch_transformers into AWQMoEExperts (one awq::int4_moe call per layer),
+match the dequantized fp32 reference eager and compiled, and bad checkpoints raise naming tensors."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch._dynamo
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from awq_inductor import testing  # noqa: E402
+from awq_inductor.integrations import transformers as awq_hf  # noqa: E402
+from awq_inductor.nn import AWQMoEExperts  # noqa: E402
+from awq_inductor.schemes import MOE_OPS  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _patched():
+    awq_hf.patch_transformers()
+    yield
+    awq_hf.patch_transformers()
+
+
+def _make(tmp_path, arch, quant_method="awq", fmt="gemm", group_size=32, **kw):
+    model = testing.build_float_model(testing.tiny_config(arch))
+    skip = kw.pop("modules_to_not_convert", ["shared_expert_gate"] if arch == "qwen2_moe" else None)
+    path = str(tmp_path / f"{arch}-{fmt}")
+    ref = testing.save_quantized(model, path, quant_method=quant_method, format=fmt, group_size=group_size,
+                                 modules_to_not_convert=skip, **kw)
+    return path, ref
+
+
+def _load(path, **kw):
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw)
+
+
+def _ids(n=10, seed=1):
+    return torch.randint(0, 256, (2, n), generator=torch.Generator().manual_seed(seed))
+
+
+class MoeCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "awq" and func.__name__.split(".")[0].startswith("int4_moe"):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+CASES = [("qwen3_moe", "awq", "gemm"), ("qwen3_moe", "gptq", "gptq"), ("qwen2_moe", "awq", "gemm"),
+         ("qwen2_moe", "awq", "gemv"), ("mixtral", "awq", "gemm"), ("mixtral", "gptq", "gptq_v2")]
+
+
+@pytest.mark.parametrize("arch,qm,fmt", CASES, ids=[f"{a}-{f}" for a, _, f in CASES])
+def test_load_matches_reference_eager_and_compiled(tmp_path, arch, qm, fmt):
+    path, ref = _make(tmp_path, arch, qm, fmt)
+    model, info = _load(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    L = model.config.num_hidden_layers
+    experts = [m for m in model.modules() if isinstance(m, AWQMoEExperts)]
+    assert len(experts) == L and experts[0].num_experts == 8
+    block = model.model.layers[0].mlp
+    assert type(block.gate).__name__.endswith("TopKRouter")  # routing stays transformers' own
+    if arch == "qwen2_moe":
+        assert type(block.shared_expert_gate) is torch.nn.Linear
+        assert type(block.shared_expert.gate_up_proj).__name__ == "AWQGateUpSiluMul"
+    ids = _ids()
+    with torch.no_grad(), MoeCounter() as c:
+        logits = model(ids).logits
+    assert c.count == L
+    with torch.no_grad():
+        want = ref(ids).logits
+    torch.testing.assert_close(logits, want, atol=2e-3, rtol=2e-3)
+    prompt = _ids(6)[:1]
+    kw = dict(max_new_tokens=16, do_sample=False, min_new_tokens=16, pad_token_id=0)
+    exp = ref.generate(prompt, **kw)
+    assert torch.equal(model.generate(prompt, **kw), exp)
+    torch._dynamo.reset()
+    # no graph break in a decoder layer with the MoE block
+    layer = model.model.layers[0]
+    hidden = torch.randn(2, 8, model.config.hidden_size)
+    pe = model.model.rotary_emb(hidden, torch.arange(8)[None].expand(2, 8))
+    explain = torch._dynamo.explain(layer)(hidden, position_embeddings=pe, attention_mask=None)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    torch._dynamo.reset()
+    model.forward = torch.compile(model.forward, backend="awq_inductor")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, atol=2e-3, rtol=2e-3)
+        assert torch.equal(model.generate(prompt, **kw), exp)
+    torch._dynamo.reset()
+
+
+def test_w4a8_and_bf16(tmp_path):
+    path, ref = _make(tmp_path, "qwen3_moe")
+    awq_hf.patch_transformers(act_quant="int8")
+    model = _load(path)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.act_quant == "int8" and experts.op is MOE_OPS["int4_moe_a8"]
+    ids = _ids()
+    with torch.no_grad():
+        got, want = model(ids).logits, ref(ids).logits
+    # per-token int8 activations: a looser, relative bound
+    assert ((got - want).abs().mean() / want.abs().mean()).item() < 0.05
+    awq_hf.patch_transformers()
+    m16 = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = m16(ids).logits.float()
+    assert ((got - want).abs().mean() / want.abs().mean()).item() < 0.05
+
+
+def test_save_pretrained_round_trip(tmp_path):
+    path, _ = _make(tmp_path, "mixtral", "gptq", "gptq")
+    model = _load(path)
+    out = str(tmp_path / "saved")
+    model.save_pretrained(out)
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.0.mlp.experts.7.w2.qweight" in keys and "model.layers.0.mlp.experts.0.w3.g_idx" in keys
+    assert not any("w13_" in k or "w2_qweight" in k for k in keys)
+    again = _load(out)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(again(ids).logits, model(ids).logits, atol=0, rtol=0)
+
+
+def test_modules_to_not_convert_keeps_float_experts(tmp_path):
+    path, ref = _make(tmp_path, "qwen3_moe", modules_to_not_convert=["experts"])
+    model = _load(path)
+    assert type(model.model.layers[0].mlp.experts).__name__ == "Qwen3MoeExperts"
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
+
+
+def _drop(key):
+    return lambda sd: sd.pop(key)
+
+
+def _shrink(key):
+    return lambda sd: sd.__setitem__(key, sd[key][:, :-1].contiguous())
+
+
+def _extra_expert(sd):
+    for k in [k for k in sd if ".experts.7." in k]:
+        sd[k.replace(".experts.7.", ".experts.8.")] = sd[k].clone()
+
+
+@pytest.mark.parametrize("edit,match", [
+    (_drop("model.layers.1.mlp.experts.5.up_proj.scales"), r"model\.layers\.1\.mlp\.experts\.5\.up_proj\.scales: missing"),
+    (_shrink("model.layers.0.mlp.experts.3.down_proj.qweight"),
+     r"model\.layers\.0\.mlp\.experts\.3\.down_proj\.qweight: expected shape"),
+    (_extra_expert, r"model\.layers\.\d\.mlp\.experts\.8\.(gate|up|down)_proj.*experts beyond the config's expert count"),
+], ids=["missing_expert_tensor", "wrong_expert_shape", "more_experts_than_config"])
+def test_bad_expert_checkpoint_raises_naming_tensor(tmp_path, edit, match):
+    path, _ = _make(tmp_path, "qwen3_moe")
+    testing.rewrite_checkpoint(path, edit)
+    with pytest.raises(awq_hf.CheckpointError, match=match):
+        _load(path)
+
+
+def test_fewer_experts_than_config_raises(tmp_path):
+    path, _ = _make(tmp_path, "qwen3_moe")
+    cfg_path = os.path.join(path, "config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["num_local_experts"] = 9  # Qwen3MoeConfig serialises num_experts under this name
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(awq_hf.CheckpointError, match=r"experts\.8\.gate_proj\.qweight: missing"):
+        _load(path)
