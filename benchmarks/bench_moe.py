@@ -1,0 +1,170 @@
+"""MoE: a Qwen3-30B-A3B-shaped slice (hidden 2048, 128 experts, top-8, expert intermediate 768,
+G=128, random weights), ours vs transformers' own bf16 MoE on the dequantized weights.
+
+    python benchmarks/bench_moe.py --part op        # the experts op alone, M=1: GB/s of selected experts
+    python benchmarks/bench_moe.py --part e2e       # 2 layers: decode tok/s, 512-token prefill
+    python benchmarks/bench_moe.py --smoke          # tiny shapes, seconds
+
+op: ``awq::int4_moe`` / ``int4_moe_a8`` eager calls with fresh routing every call (the 128 experts,
+~300 MB of int4, do not fit in cache; a call reads top-8 experts), methods interleaved round-robin,
+medians; bandwidth = bytes of the selected experts' packed weights / time, next to the read
+bandwidth of one pass over a 1 GiB tensor measured in the same process.
+e2e: ``bench`` of ``python -m awq_inductor`` (warm-up generate, then medians of prefill and full
+generate): ours compiled and eager, W4A16 and W4A8, and the dequantized bf16 model running
+transformers' experts implementation (``config._experts_implementation``). Vocab 32000 (not 151936)
+so lm_head does not dominate a 2-layer slice.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+from awq_inductor import moe, testing
+from awq_inductor.schemes import MOE_OPS
+
+
+def experts_bytes(mop, H, I, G, k):
+    """Packed bytes of k experts (weights, scales, zeros, comp) for one call."""
+    s = mop.scheme
+    per = 0
+    for n, kk in ((2 * I, H), (H, I)):
+        npad = -(-n // 32) * 32
+        per += npad * kk // 2 + sum((kk // G) * npad * w.dtype.itemsize for w in s.weights[1:])
+    return k * per
+
+
+def read_bandwidth(reps=5):
+    t = torch.ones(2 ** 30 // 4, dtype=torch.float32)
+    t.sum()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        t.sum()
+        ts.append(time.perf_counter() - t0)
+    return t.numel() * 4 / statistics.median(ts) / 1e9
+
+
+def bench_op(a):
+    E, H, I, G, k = a.experts, a.hidden, a.moe_inter, a.group_size, a.topk
+    g = torch.Generator().manual_seed(0)
+    gu = [testing.quantize_weight(torch.randn(2 * I, H, generator=g) * 0.05, G) for _ in range(E)]
+    dn = [testing.quantize_weight(torch.randn(H, I, generator=g) * 0.05, G) for _ in range(E)]
+    W = {name: moe.pack_experts(mop, gu, dn, G, I) for name, mop in MOE_OPS.items()}
+    del gu, dn
+    res = {"read_GBps": read_bandwidth()}
+    print(f"read bandwidth (sum over 1 GiB fp32): {res['read_GBps']:.1f} GB/s", flush=True)
+    for M in a.m:
+        x = torch.randn(M, H).bfloat16()
+        routes = [torch.softmax(torch.randn(M, E, generator=g), -1).topk(k, -1) for _ in range(64)]
+        times = {name: [] for name in MOE_OPS}
+        i = 0
+        for rep in range(a.reps):
+            for name, mop in MOE_OPS.items():
+                tw, ids = routes[i % len(routes)]
+                i += 1
+                t0 = time.perf_counter()
+                mop.torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
+                times[name].append(time.perf_counter() - t0)
+        for name, mop in MOE_OPS.items():
+            t = statistics.median(times[name][2:])
+            nsel = len(set(ids.flatten().tolist())) if M > 1 else k
+            gbps = experts_bytes(mop, H, I, G, nsel) / t / 1e9
+            res[f"{name} M={M}"] = {"ms": t * 1e3, "GBps": gbps, "experts": nsel}
+            print(f"  {name:<12} M={M:<4} {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {nsel} selected experts "
+                  f"({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+    return res
+
+
+def qwen3_moe_config(a):
+    import transformers
+
+    return transformers.Qwen3MoeConfig(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=6144, moe_intermediate_size=a.moe_inter,
+        num_experts=a.experts, num_experts_per_tok=a.topk, norm_topk_prob=True, decoder_sparse_step=1,
+        num_hidden_layers=a.layers, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+def bench_e2e(a):
+    import transformers
+
+    from awq_inductor import patch_transformers
+    from awq_inductor.__main__ import bench
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        ref = testing.save_quantized(testing.build_float_model(qwen3_moe_config(a), dtype=torch.bfloat16), d,
+                                     format="gemm", group_size=a.group_size)
+        ref = ref.to(torch.bfloat16).eval()
+        models = {}
+        for aq in (None, "int8"):
+            patch_transformers(act_quant=aq)
+            models[aq] = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+        patch_transformers()
+    print(f"built and loaded in {time.perf_counter() - t0:.1f}s; transformers experts implementation: "
+          f"{getattr(ref.config, '_experts_implementation', None)!r}", flush=True)
+    ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
+    res = {}
+    for aq, model in models.items():
+        tag = "W4A8" if aq else "W4A16"
+        if "compiled" in a.methods:
+            fwd = model.forward
+            model.forward = torch.compile(fwd, backend="awq_inductor")
+            res[f"ours {tag} compiled"] = bench(model, ids, a.new_tokens, f"ours {tag} compiled")[:2]
+            model.forward = fwd
+            torch._dynamo.reset()
+        if "eager" in a.methods:
+            res[f"ours {tag} eager"] = bench(model, ids, a.new_tokens, f"ours {tag} eager")[:2]
+    res["transformers bf16"] = bench(ref, ids, a.new_tokens, "transformers bf16 (dequantized)")[:2]
+    base = res["transformers bf16"]
+    for k, (pf, dc) in res.items():
+        print(f"  {k:<24} prefill x{pf / base[0]:5.2f}   decode x{dc / base[1]:5.2f}  vs transformers bf16")
+    return {k: {"prefill_tok_s": v[0], "decode_tok_s": v[1]} for k, v in res.items()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", default="op,e2e")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--moe-inter", type=int, default=768)
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--m", type=int, nargs="*", default=[1, 4])
+    p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--methods", default="compiled,eager")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.hidden, a.experts, a.moe_inter, a.vocab, a.prompt_len, a.new_tokens, a.reps = 256, 16, 128, 512, 32, 4, 6
+        a.out = None
+    torch.set_num_threads(a.threads)
+    import subprocess
+
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"machine: {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}; {load}", flush=True)
+    out = {"args": vars(a), "uptime": load}
+    if "op" in a.part:
+        out["op"] = bench_op(a)
+    if "e2e" in a.part:
+        out["e2e"] = bench_e2e(a)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+if __name__ == "__main__":
+    main()
