@@ -16,6 +16,11 @@ import time
 
 DEFAULT_SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                      num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=2048)
+#: ``--arch qwen3_moe``: a Qwen3-MoE-shaped random model (64 experts, top-8, expert intermediate 256)
+MOE_SHAPE = dict(vocab_size=32000, hidden_size=1024, intermediate_size=2816, moe_intermediate_size=256,
+                 num_experts=64, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1,
+                 num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                 max_position_embeddings=2048)
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
           "fp32": "float32", "float32": "float32"}
 
@@ -24,17 +29,20 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def default_model_dir(cache_dir: str, group_size: int) -> str:
+def default_model_dir(cache_dir: str, group_size: int, arch: str = "llama") -> str:
     import torch
     from . import testing
 
-    name = "llama-h{hidden_size}-i{intermediate_size}-l{num_hidden_layers}-kv{num_key_value_heads}".format(**DEFAULT_SHAPE)
+    shape = MOE_SHAPE if arch == "qwen3_moe" else DEFAULT_SHAPE
+    name = "llama-h{hidden_size}-i{intermediate_size}-l{num_hidden_layers}-kv{num_key_value_heads}".format(**shape)
+    if arch == "qwen3_moe":
+        name = "qwen3moe-h{hidden_size}-e{num_experts}-k{num_experts_per_tok}-i{moe_intermediate_size}-l{num_hidden_layers}".format(**shape)
     path = os.path.join(cache_dir, f"{name}-awq-gemm-g{group_size}")
     if os.path.exists(os.path.join(path, "model.safetensors")) and os.path.exists(os.path.join(path, "dense.safetensors")):
         _log(f"Using cached default model: {path}")
         return path
-    _log(f"Building the default model (random weights, real LlamaForCausalLM, AWQ gemm g{group_size}) in {path}")
-    cfg = testing.tiny_config("llama", **DEFAULT_SHAPE)
+    _log(f"Building the default model (random weights, real {arch} model, AWQ gemm g{group_size}) in {path}")
+    cfg = testing.tiny_config(arch, **shape)
     model = testing.build_float_model(cfg, seed=0, dtype=torch.float32)
     tmp = path + ".tmp"
     return testing.publish_demo_checkpoint(testing.save_quantized(model, tmp, format="gemm", group_size=group_size),
@@ -99,6 +107,11 @@ def _tokenizer(path: str):
     """The checkpoint's tokenizer, or None (e.g. the random model has none)."""
     import transformers
 
+    # without tokenizer files, transformers 5 may build an empty tokenizer from the config's model
+    # type (seen with qwen3_moe): a random model must get random ids instead
+    names = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, n)) for n in names):
+        return None
     try:
         return transformers.AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
@@ -153,6 +166,10 @@ def main(argv=None) -> int:
                    "tiny Llama trained on the Python stdlib, quantized to AWQ gemm (cached)")
     p.add_argument("--random-model", action="store_true", help="instead of the tiny Llama, build/reuse a larger "
                    "random Llama-shaped AWQ model (hidden 1024, 4 layers, GQA 16/4 heads, vocab 32000)")
+    p.add_argument("--arch", choices=("llama", "qwen3_moe"), default=None,
+                   help="build/reuse a random model of this architecture instead of the tiny Llama: llama = "
+                        "--random-model; qwen3_moe: a Qwen3-MoE-shaped model (hidden 1024, 64 experts, top-8, "
+                        "expert intermediate 256, 2 layers), its experts on one awq::int4_moe call per layer")
     p.add_argument("--prompt", metavar="TEXT", help="generate from TEXT (tokenized with the checkpoint's tokenizer), "
                    "streaming the output; default: a held-out piece of Python code (--prompt-len tokens)")
     p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens for prefill (default 128)")
@@ -208,8 +225,8 @@ def main(argv=None) -> int:
             dist.barrier()  # rank 0 builds the default model first
     if args.model:
         path = args.model
-    elif args.random_model:
-        path = default_model_dir(args.cache_dir, args.group_size)
+    elif args.random_model or args.arch:
+        path = default_model_dir(args.cache_dir, args.group_size, args.arch or "llama")
     else:
         from . import tiny_model
 
@@ -238,8 +255,15 @@ def main(argv=None) -> int:
         _log(f"  sharded over {args.tp} ranks: {model.config.num_attention_heads} query / "
              f"{model.config.num_key_value_heads} KV heads per rank, all_reduce after o_proj and down_proj")
     n_int4 = count_int4_linears(model)
+    from .nn import AWQMoEExperts
+
+    n_moe = sum(isinstance(m, AWQMoEExperts) for m in model.modules())
+    moe_note = f", {n_moe} MoE experts modules (awq::int4_moe)" if n_moe else ""
     _log(f"  loaded {type(model).__name__} in {time.perf_counter() - t0:.1f}s: {n_int4} int4 linears "
-         f"({n_int4 / max(model.config.num_hidden_layers, 1):.0f} per layer)")
+         f"({n_int4 / max(model.config.num_hidden_layers, 1):.0f} per layer){moe_note}")
+    if n_moe and not args.no_int4pack:
+        _log("  gptqmodel-style int4pack baseline skipped: it has no MoE experts kernel")
+        args.no_int4pack = True
 
     tokenizer = _tokenizer(path)
     if args.prompt is not None and tokenizer is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .nn import AWQGateUpSiluMul, AWQLinear
+from .nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 
 ATEN_GROUP_SIZES = (32, 64, 128, 256)
 
@@ -88,8 +88,35 @@ def _dense_linear(w: torch.Tensor, bias, dtype: torch.dtype) -> nn.Linear:
     return lin
 
 
+class DenseMoEExperts(nn.Module):
+    """Float experts with transformers' 3-D layout (``gate_up_proj`` [E, 2I, H], ``down_proj``
+    [E, H, I]) and the loop of transformers' eager experts forward: the dense baseline of an
+    :class:`AWQMoEExperts`."""
+
+    def __init__(self, m: AWQMoEExperts, dtype: torch.dtype):
+        super().__init__()
+        parts = [m.dequantize(e) for e in range(m.num_experts)]
+        self.gate_up_proj = nn.Parameter(torch.stack([p[0] for p in parts]).to(dtype), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.stack([p[1] for p in parts]).to(dtype), requires_grad=False)
+        self.intermediate_size = m.intermediate_size
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        out = torch.zeros_like(hidden_states)
+        for e in top_k_index.unique().tolist():
+            tok, slot = torch.where(top_k_index == e)
+            gu = nn.functional.linear(hidden_states[tok], self.gate_up_proj[e])
+            h = nn.functional.silu(gu[:, :self.intermediate_size]) * gu[:, self.intermediate_size:]
+            y = nn.functional.linear(h, self.down_proj[e]) * top_k_weights[tok, slot, None]
+            out.index_add_(0, tok, y.to(out.dtype))
+        return out
+
+
 def to_dense(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Replace (in place) every int4 module with ``nn.Linear`` on its dequantized weight (in
-    ``dtype``): the dense model computing the same function, for speed and accuracy baselines."""
+    ``dtype``; MoE experts: :class:`DenseMoEExperts`): the dense model computing the same function,
+    for speed and accuracy baselines."""
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, AWQMoEExperts):
+            model.set_submodule(name, DenseMoEExperts(mod, dtype))
     return _replace(model, lambda m: _dense_linear(m.dequantize(), m.bias, dtype),
                     lambda m: _dense_linear(m.dequantize(), m.canonical_bias(), dtype))
