@@ -18,3 +18,14 @@ def test_bench_linear_smoke(tmp_path):
     data = json.load(open(tmp_path / "bench_linear_smoke.json"))
     assert len(data["rows"]) == 2
     assert "| ours/dense |" in open(tmp_path / "bench_linear_smoke.md").read()
+
+
+def test_bench_moe_op_smoke():
+    path = os.path.join(os.path.dirname(BENCH), "bench_moe.py")
+    spec = importlib.util.spec_from_file_location("bench_moe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--smoke", "--part", "op", "--threads", "1"])
+    assert out["op"]["read_GBps"] > 0
+    for name in ("int4_moe", "int4_moe_a8"):
+        assert out["op"][f"{name} M=1"]["ms"] > 0 and out["op"][f"{name} M=1"]["experts"] == 8
