@@ -161,3 +161,35 @@ def test_compile_fullgraph_dynamic_t(name, inductor_clean):
         x = torch.randn(T, H)
         torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_module_from_linears_act_quant_and_errors():
+    from awq_inductor import AWQLinear
+    from awq_inductor.nn import AWQMoEExperts
+
+    H, I, G, E = 64, 64, 32, 3
+    gu, dn = experts(E, H, I, G, seed=9)
+    mod = AWQMoEExperts.from_canonical(gu, dn, group_size=G)
+    lin = [(AWQLinear.from_canonical(q[:I], z[:I], s[:I], group_size=G),
+            AWQLinear.from_canonical(q[I:], z[I:], s[I:], group_size=G),
+            AWQLinear.from_canonical(*d, group_size=G)) for (q, z, s), d in zip(gu, dn)]
+    same = AWQMoEExperts.from_linears(lin)
+    for a, b in zip(mod.weights(), same.weights()):
+        assert torch.equal(a, b)
+    x = torch.randn(2, 3, H)  # leading dims are flattened like transformers' experts modules do
+    ids, tw = routing(6, E, 2)
+    y = mod(x, ids, tw)
+    assert y.shape == x.shape
+    torch.testing.assert_close(y.reshape(6, H), mod(x.reshape(6, H), ids, tw), rtol=0, atol=0)
+    w8 = mod.with_act_quant("int8")
+    assert w8.op is MOE_OPS["int4_moe_a8"] and w8.with_act_quant(None).act_quant is None
+    for a, b in zip(mod.weights(), w8.with_act_quant(None).weights()):
+        assert torch.equal(a, b)
+    gw, dw = mod.dequantize(1)
+    torch.testing.assert_close(gw, torch.cat([(q.float() - z.float().repeat_interleave(G, 1)) *
+                                              s.float().repeat_interleave(G, 1) for q, z, s in [gu[1]]]))
+    with pytest.raises(ValueError, match="intermediate_size: expected a positive multiple of 32, got 48"):
+        AWQMoEExperts(E, H, 48, G)
+    with pytest.raises(ValueError, match=r"down\[1\]: expected q \[64, 64\]"):
+        AWQMoEExperts.from_canonical(gu, [dn[0], (dn[1][0][:, :32], dn[1][1][:, :1], dn[1][2][:, :1]), dn[2]],
+                                     group_size=G)

@@ -435,6 +435,9 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     # Names only: each checkpoint module is dropped as soon as it is replaced, so loading never
     # holds the whole checkpoint and the whole packed model at once (peak load memory).
     # The checkpoint pages a converted module was read from are released (load_memory).
+    # per-expert placeholders (CheckpointMoEExperts) -> one AWQMoEExperts per layer, first: their
+    # checkpoint tensors go straight to the experts layout, not through one AWQLinear each
+    moe_pass.convert_experts(model, act_quant)
     todo = [n for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
     maps = load_memory.file_mappings() if todo else []
     for name in track(todo, "awq_inductor: converting", progress):
@@ -447,8 +450,6 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
         model.set_submodule(name, new)
         del new, old
         load_memory.trim_heap()
-    # per-expert linears (CheckpointMoEExperts) -> one AWQMoEExperts per layer, before the fusions
-    moe_pass.convert_experts(model, act_quant)
     if fuse:
         for name, module in list(model.named_modules()):
             if _fuse_gated_mlp(module, act_quant):

@@ -1,7 +1,7 @@
 """The MoE part of the model pass and of the state-dict round trip.
 
-* :func:`convert_experts`: every :class:`~awq_inductor.nn.CheckpointMoEExperts` whose per-expert
-  projections the model pass has turned into :class:`AWQLinear` becomes one
+* :func:`convert_experts`: every :class:`~awq_inductor.nn.CheckpointMoEExperts` (per-expert
+  projections: loading placeholders or :class:`AWQLinear`) becomes one
   :class:`~awq_inductor.nn.AWQMoEExperts` (``awq::int4_moe`` / ``int4_moe_a8``), which has the
   forward signature of transformers' experts modules; :class:`AWQMoEExperts` of another scheme
   are repacked for ``act_quant``.
@@ -16,35 +16,70 @@ import torch
 from torch import nn
 
 from .. import formats
-from ..nn import AWQLinear, AWQMoEExperts, CheckpointMoEExperts
+from . import load_memory
+from ..nn import AWQLinear, AWQMoEExperts, CheckpointInt4Linear, CheckpointMoEExperts
 
 
-def _experts_from_placeholder(name: str, ph: CheckpointMoEExperts, act_quant: Optional[str]) -> AWQMoEExperts:
-    linears = []
+def _canonical(where: str, m: nn.Module):
+    """(q, z, s, group size, format, scales dtype) of one expert projection: straight from the
+    checkpoint tensors of a loading placeholder (no pack / unpack round trip through AWQLinear:
+    a 128-expert layer has 384 of them), or from an AWQLinear."""
+    if isinstance(m, CheckpointInt4Linear):
+        if m.bias is not None:
+            raise ValueError(f"{where}: expected no bias (the experts op has none), got bias {list(m.bias.shape)}")
+        if m.g_idx is not None:
+            ref = torch.arange(m.in_features, dtype=torch.int64) // m.group_size
+            if not torch.equal(m.g_idx.to(torch.int64), ref):
+                raise NotImplementedError(f"{where}.g_idx: act-order (desc_act=True) GPTQ checkpoints are not "
+                                          "supported; expected g_idx[k] == k // group_size")
+        if m.format in formats.GPTQ_FORMATS:
+            q, z, s = formats.unpack_gptq(m.qweight, m.qzeros, m.scales, m.group_size, format=m.format)
+        else:
+            q, z, s = formats.unpack_awq(m.qweight, m.qzeros, m.scales, group_size=m.group_size, format=m.format)
+        return q, z, s, m.group_size, m.format, m.scales.dtype
+    if isinstance(m, AWQLinear):
+        if m.bias is not None:
+            raise ValueError(f"{where}: expected no bias (the experts op has none)")
+        src = getattr(m, "awq_source", None) or {}
+        return (*m.canonical(), m.group_size, src.get("format"), src.get("scales_dtype"))
+    raise ValueError(f"{where}: expected an int4 linear like the other experts (one op for all experts of a "
+                     f"layer), got {type(m).__name__}; list the whole experts module in modules_to_not_convert "
+                     f"to keep it in floating point")
+
+
+def _experts_from_placeholder(name: str, ph: CheckpointMoEExperts, act_quant: Optional[str], maps) -> AWQMoEExperts:
+    gate_up, down, first = [], [], None
     for e in range(ph.num_experts):
-        mods = ph.expert_modules(e)
-        for n, m in zip(ph.names, mods):
-            if not isinstance(m, AWQLinear):
-                raise ValueError(f"{name}.{e}.{n}: expected an int4 linear like the other experts (one op for all "
-                                 f"experts of a layer), got {type(m).__name__}; list the whole experts module in "
-                                 f"modules_to_not_convert to keep it in floating point")
-        linears.append(mods)
+        parts = [_canonical(f"{name}.{e}.{n}", m) for n, m in zip(ph.names, ph.expert_modules(e))]
+        first = first or parts[0]
+        for n, p in zip(ph.names, parts):
+            if p[3] != first[3]:
+                raise ValueError(f"{name}.{e}.{n}: expected group size {first[3]} like {name}.0.{ph.names[0]} "
+                                 f"(one op for all experts), got {p[3]}")
+        (qg, zg, sg), (qu, zu, su) = parts[0][:3], parts[1][:3]
+        gate_up.append((torch.cat([qg, qu]), torch.cat([zg, zu]), torch.cat([sg, su])))
+        down.append(parts[2][:3])
+        # this expert's checkpoint tensors are no longer needed: release their pages (load_memory)
+        load_memory.drop_file_pages(list(getattr(ph, str(e)).buffers()), maps)
+        delattr(ph, str(e))
     try:
-        new = AWQMoEExperts.from_linears(linears, act_quant=act_quant)
+        new = AWQMoEExperts.from_canonical(gate_up, down, group_size=first[3], act_quant=act_quant)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
-    src = getattr(linears[0][0], "awq_source", None) or {}
-    new.awq_source = {"format": src.get("format"), "scales_dtype": src.get("scales_dtype"), "names": ph.names}
+    new.awq_source = {"format": first[4], "scales_dtype": first[5], "names": ph.names}
     return new
 
 
 def convert_experts(model: nn.Module, act_quant: Optional[str] = None) -> int:
-    """Replace the experts placeholders of ``model`` (after their linears were converted) and repack
+    """Replace the experts placeholders of ``model`` and repack
     existing :class:`AWQMoEExperts` for ``act_quant``; returns how many modules were replaced."""
     n = 0
-    for name, mod in list(model.named_modules()):
+    mods = list(model.named_modules())
+    maps = load_memory.file_mappings() if any(isinstance(m, CheckpointMoEExperts) for _, m in mods) else []
+    for name, mod in mods:
         if isinstance(mod, CheckpointMoEExperts):
-            model.set_submodule(name, _experts_from_placeholder(name, mod, act_quant))
+            model.set_submodule(name, _experts_from_placeholder(name, mod, act_quant, maps))
+            load_memory.trim_heap()
             n += 1
         elif isinstance(mod, AWQMoEExperts) and mod.act_quant != act_quant:
             model.set_submodule(name, mod.with_act_quant(act_quant))
