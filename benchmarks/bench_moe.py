@@ -6,8 +6,8 @@ G=128, random weights), ours vs transformers' own bf16 MoE on the dequantized we
     python benchmarks/bench_moe.py --smoke          # tiny shapes, seconds
 
 op: ``awq::int4_moe`` / ``int4_moe_a8`` eager calls with fresh routing every call (the 128 experts,
-~300 MB of int4, do not fit in cache; a call reads top-8 experts), methods interleaved round-robin,
-medians; bandwidth = bytes of the selected experts' packed weights / time, next to the read
+~300 MB of int4, do not fit in cache; a call reads top-8 experts), methods and thread counts
+(``--op-threads``) interleaved round-robin, medians; bandwidth = bytes of the selected experts' packed weights / time, next to the read
 bandwidth of one pass over a 1 GiB tensor measured in the same process.
 e2e: ``bench`` of ``python -m awq_inductor`` (warm-up generate, then medians of prefill and full
 generate): ours compiled and eager, W4A16 and W4A8, and the dequantized bf16 model running
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from awq_inductor import moe, testing
+from awq_inductor import config, moe, testing
 from awq_inductor.schemes import MOE_OPS
 
 
@@ -62,22 +62,26 @@ def bench_op(a):
     for M in a.m:
         x = torch.randn(M, H).bfloat16()
         routes = [torch.softmax(torch.randn(M, E, generator=g), -1).topk(k, -1) for _ in range(64)]
-        times = {name: [] for name in MOE_OPS}
+        runs = [(name, nt) for name in MOE_OPS for nt in a.op_threads]
+        times = {r: [] for r in runs}
+        nsel = {r: [] for r in runs}
         i = 0
         for rep in range(a.reps):
-            for name, mop in MOE_OPS.items():
+            for name, nt in runs:
                 tw, ids = routes[i % len(routes)]
                 i += 1
-                t0 = time.perf_counter()
-                mop.torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
-                times[name].append(time.perf_counter() - t0)
-        for name, mop in MOE_OPS.items():
-            t = statistics.median(times[name][2:])
-            nsel = len(set(ids.flatten().tolist())) if M > 1 else k
-            gbps = experts_bytes(mop, H, I, G, nsel) / t / 1e9
-            res[f"{name} M={M}"] = {"ms": t * 1e3, "GBps": gbps, "experts": nsel}
-            print(f"  {name:<12} M={M:<4} {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {nsel} selected experts "
-                  f"({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+                with config.patch(num_threads=nt):
+                    t0 = time.perf_counter()
+                    MOE_OPS[name].torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
+                    times[(name, nt)].append(time.perf_counter() - t0)
+                nsel[(name, nt)].append(len(set(ids.flatten().tolist())))
+        for name, nt in runs:
+            t = statistics.median(times[(name, nt)][2:])
+            ne = statistics.mean(nsel[(name, nt)])
+            gbps = experts_bytes(MOE_OPS[name], H, I, G, ne) / t / 1e9
+            res[f"{name} M={M} threads={nt}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne}
+            print(f"  {name:<12} M={M:<4} threads {nt}  {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} selected "
+                  f"experts ({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
     return res
 
 
@@ -143,6 +147,8 @@ def main(argv=None):
     p.add_argument("--m", type=int, nargs="*", default=[1, 4])
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--op-threads", type=int, nargs="*", default=[1, 2],
+                   help="op part: thread counts, interleaved (a loaded 2-core VM makes 2-thread regions wait)")
     p.add_argument("--methods", default="compiled,eager")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))

@@ -25,7 +25,8 @@ def test_bench_moe_op_smoke():
     spec = importlib.util.spec_from_file_location("bench_moe", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    out = mod.main(["--smoke", "--part", "op", "--threads", "1"])
+    out = mod.main(["--smoke", "--part", "op", "--threads", "1", "--op-threads", "1"])
     assert out["op"]["read_GBps"] > 0
     for name in ("int4_moe", "int4_moe_a8"):
-        assert out["op"][f"{name} M=1"]["ms"] > 0 and out["op"][f"{name} M=1"]["experts"] == 8
+        r = out["op"][f"{name} M=1 threads=1"]
+        assert r["ms"] > 0 and r["experts"] == 8
