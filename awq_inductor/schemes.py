@@ -166,7 +166,7 @@ def op_for(act_quant: Optional[str], spec: OpSpec) -> Op:
 # ---------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)
 class MoeOp:
-    """``awq::<scheme.op_prefix without "mm">moe...``: the experts of a sparse-MoE layer.
+    """``awq::int4_moe`` (W4A16) / ``awq::int4_moe_a8`` (W4A8): all experts of a sparse-MoE layer.
 
     ``w13`` holds every expert's gate|up weight packed like :data:`GATE_UP_SILU` (2I interleaved
     columns, K = H), stacked on a leading expert dim; ``w2`` every expert's down weight packed like

@@ -132,10 +132,20 @@ def test_save_pretrained_round_trip(tmp_path):
         torch.testing.assert_close(again(ids).logits, model(ids).logits, atol=0, rtol=0)
 
 
-def test_modules_to_not_convert_keeps_float_experts(tmp_path):
-    path, ref = _make(tmp_path, "qwen3_moe", modules_to_not_convert=["experts"])
+@pytest.mark.parametrize("arch,skip,float_mod", [
+    ("qwen3_moe", ["experts"], "experts"),  # float experts: transformers' own experts module
+    ("qwen2_moe", ["shared_expert.gate_proj", "shared_expert.up_proj", "shared_expert.down_proj",
+                   "shared_expert_gate"], "shared_expert"),  # float shared expert (seen in the wild)
+], ids=["float_experts", "float_shared_expert"])
+def test_modules_to_not_convert(tmp_path, arch, skip, float_mod):
+    path, ref = _make(tmp_path, arch, modules_to_not_convert=skip)
     model = _load(path)
-    assert type(model.model.layers[0].mlp.experts).__name__ == "Qwen3MoeExperts"
+    block = model.model.layers[0].mlp
+    if float_mod == "experts":
+        assert type(block.experts).__name__ == "Qwen3MoeExperts"
+    else:
+        assert isinstance(block.experts, AWQMoEExperts)
+        assert type(block.shared_expert.gate_proj) is torch.nn.Linear
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
