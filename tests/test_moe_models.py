@@ -185,3 +185,13 @@ def test_fewer_experts_than_config_raises(tmp_path):
     json.dump(cfg, open(cfg_path, "w"))
     with pytest.raises(awq_hf.CheckpointError, match=r"experts\.8\.gate_proj\.qweight: missing"):
         _load(path)
+
+
+def test_tensor_parallel_refuses_moe_clearly(tmp_path):
+    from awq_inductor.transform import tp
+
+    path, _ = _make(tmp_path, "mixtral")
+    model = _load(path)
+    with pytest.raises(tp.TPError, match=r"MoE experts have no tensor-parallel layout yet.*model\.layers\.0\.mlp\.experts"):
+        tp.shard(model, rank=0, world_size=2)
+    assert not hasattr(model, "_awq_tp") or model._awq_tp is None

@@ -52,7 +52,7 @@ import torch
 from torch import nn
 
 from .model_pass import OutputSlice
-from ..nn import AWQGateUpSiluMul, AWQLinear
+from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 
 
 class TPError(ValueError):
@@ -368,6 +368,10 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     replaced = {id(parent._modules.get(attr)) for parent, attr, _ in plan}
     left = [n for n, m in model.named_modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul))
             and id(m) not in replaced]
+    moe = [n for n, m in model.named_modules() if isinstance(m, AWQMoEExperts)]
+    if moe:
+        raise TPError(f"shard: MoE experts have no tensor-parallel layout yet and would be left replicated on "
+                      f"every rank (all their weights per rank): {moe[:4]}{' ...' if len(moe) > 4 else ''}")
     if left:
         raise TPError(f"shard: int4 modules outside the attention / MLP patterns would be left replicated: "
                       f"{left[:8]}{' ...' if len(left) > 8 else ''}")
