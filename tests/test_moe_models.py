@@ -195,3 +195,12 @@ def test_tensor_parallel_refuses_moe_clearly(tmp_path):
     with pytest.raises(tp.TPError, match=r"MoE experts have no tensor-parallel layout yet.*model\.layers\.0\.mlp\.experts"):
         tp.shard(model, rank=0, world_size=2)
     assert not hasattr(model, "_awq_tp") or model._awq_tp is None
+
+
+def test_gemv_fast_experts_load(tmp_path):
+    path, ref = _make(tmp_path, "qwen3_moe", "awq", "gemv_fast")
+    model = _load(path)
+    assert isinstance(model.model.layers[1].mlp.experts, AWQMoEExperts)
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
