@@ -9,6 +9,12 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
 
 import pytest  # noqa: E402
 
+import awq_inductor.config  # noqa: E402
+
+# Tests force kernel paths and compare generated code: the constants, never a timing of this run
+# (tests/test_tuner.py turns tuning on where it tests it).
+awq_inductor.config.tune = "off"
+
 
 @pytest.fixture
 def inductor_clean():

@@ -18,3 +18,19 @@ def test_bench_linear_smoke(tmp_path):
     data = json.load(open(tmp_path / "bench_linear_smoke.json"))
     assert len(data["rows"]) == 2
     assert "| ours/dense |" in open(tmp_path / "bench_linear_smoke.md").read()
+
+
+def test_bench_report_smoke(tmp_path):
+    """The report runs, names the kernel per M and checks the 1.05x guarantee column."""
+    path = os.path.join(os.path.dirname(BENCH), "bench_report.py")
+    spec = importlib.util.spec_from_file_location("bench_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--shapes", "smoke", "--m", "1", "--reps", "2", "--mode", "hot", "--threads", "1",
+                     "--out", str(tmp_path), "--tag", "r"])
+    (r,) = rows
+    assert r["kernel"] in ("decode_bf16", "f32_rows", "panel", "amx", "dense", "portable")
+    assert r["inductor_woq_kernel"] in ("inductor_woq_amx", "inductor_woq_avx512", "aten_extern")
+    assert r["guarantee"] in ("ok", "SLOWER") and r["GB/s"] > 0 and r["TFLOP/s"] > 0
+    text = open(tmp_path / "r.md").read()
+    assert "tuner (1 shapes): cold" in text and "| <= 1.05x best |" in text
