@@ -191,6 +191,9 @@ def test_tune_cli_measures_real_kernels(tune_dir, capsys):
     assert main(["tune", "--shapes", "256x128", "--group-size", "64", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "tuned 1 shape(s)" in out and "int4_mm K=256 N=128 G=64" in out
+    if "(noisy)" in out:  # a busy machine: the constants, nothing cached (see the noise test)
+        assert not os.path.exists(tuner.cache_path())
+        return
     data = json.load(open(tuner.cache_path()))
     (key, entry), = data["plans"].items()
     assert key.startswith("int4_mm/") and key.endswith("/float32/K256/N128/G64")
@@ -242,3 +245,35 @@ def test_fx_cache_key_follows_the_tuning_cache(tune_dir):
     assert first != before
     tuner.store(key, tuner.Plan(5, 16, 3, source="tuned"), {})
     assert lowering.cache_uuid() not in (before, first)
+
+
+def test_backend_tunes_before_inductor_computes_its_cache_key(tune_dir, monkeypatch, inductor_clean):
+    """backend="awq_inductor" measures the graph's shapes first, so the FX key of the first compile
+    already covers the plan (the next process hits that cache entry)."""
+    from awq_inductor.inductor import lowering
+
+    seen = {}
+    real = lowering.compile_with_inductor
+
+    def spy(gm, example_inputs, patches):
+        seen["plans"] = json.load(open(tuner.cache_path()))["plans"] if os.path.exists(tuner.cache_path()) else {}
+        return real(gm, example_inputs, patches)
+
+    monkeypatch.setattr(lowering, "compile_with_inductor", spy)
+    monkeypatch.setattr(tuner, "kernel_timer", lambda op, isa, dt, K, n, G: fake_timer(
+        {p: (lambda m: 1.0) for p in tuner.candidates(op, isa, dt)}))
+    q, z, s = random_canonical(64, 128, 64)
+    lin = AWQLinear.from_canonical(q, z, s, group_size=64)
+    with config.patch(force_isa="avx512"):
+        _compiled_code(lin, torch.randn(2, 128))
+    assert list(seen["plans"]) == [tuner.shape_key(W4A16, "avx512", torch.float32, 128, 64, 64)]
+
+
+def test_unrepeatable_timings_keep_the_constants(tune_dir, monkeypatch):
+    """A busy machine (every second timing 3x off) must not write a plan that would stay for good."""
+    flip = iter(range(10 ** 6))
+    noisy = fake_timer({p: (lambda m: 1.0 if next(flip) % 2 else 3.0) for p in ("dense", "f32_rows", "panel")})
+    monkeypatch.setattr(tuner, "kernel_timer", lambda *a: noisy)
+    plan = tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+    assert plan.source == "noisy" and plan.thresholds() == tuner.default_plan().thresholds()
+    assert not os.path.exists(tuner.cache_path())

@@ -73,7 +73,11 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
     isa = None
     for node in gm.graph.nodes:
         op = by_target.get(node.target) if node.op == "call_function" else None
-        x = node.args[0].meta.get("example_value", node.args[0].meta.get("val")) if op is not None else None
+        # positional (x, *weights, bias, group_size, out_features), as the modules call the ops;
+        # another call form is looked up when it is lowered instead
+        if op is None or len(node.args) != len(op.scheme.weights) + 4 or node.kwargs:
+            continue
+        x = node.args[0].meta.get("example_value", node.args[0].meta.get("val"))
         if x is None or x.dim() != 2 or not isinstance(x.shape[1], int):
             continue
         isa = isa or lowering.choose_isa()

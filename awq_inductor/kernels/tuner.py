@@ -17,9 +17,9 @@ thresholds to the C++ entry point; the Inductor template renders them into the g
 reuses code generated for the previous plan.
 
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
-select that path for every M), on a slice of the weight (``TUNE_COLUMNS`` columns, full K: a path's
-cost per column does not depend on N once every thread has tiles), for M in :data:`M_BUCKETS`, as
-the minimum of a few calls. A candidate more than ``DROP_RATIO`` times slower than the best at two
+select that path for every M), for M in :data:`M_BUCKETS`, on two column slices of the weight
+(full K), each the minimum of a few calls; the full-N time is predicted from a per-call part and a
+per-column part fitted through them (:func:`kernel_timer`). A candidate more than ``DROP_RATIO`` times slower than the best at two
 consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for larger M (the paths' costs grow
 monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
@@ -49,10 +49,14 @@ log = logging.getLogger(__name__)
 #: "never": a threshold no M reaches.
 NEVER = 1 << 40
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-#: Weight columns timed per shape (full K): 2 tiles of 64 per thread at 2 threads. The large-M
-#: buckets dominate the tuning time, linearly in this (4 Llama-7B shapes: 15.5 s at 512 columns on
-#: the loaded 2-core VM, hence 256).
-TUNE_COLUMNS = 256
+#: The wide slice of the two-point fit (kernel_timer), full K: 4 tiles of 64 per thread at 2
+#: threads. The large-M buckets dominate the tuning time, linearly in this.
+TUNE_COLUMNS = 512
+#: The narrow slice of the two-point fit (kernel_timer): one 64-column driver tile per thread at 2
+#: threads (narrower, the driver would K-slice: another regime).
+SMALL_COLUMNS = 128
+#: Timed again, a bucket's fastest path must agree with its first time within this fraction.
+NOISE = 0.25
 #: A measured plan replaces the constants only if it is this much better in total (summed
 #: time-over-best across the buckets): noise alone never moves a threshold.
 MIN_GAIN = 1.03
@@ -203,33 +207,48 @@ def _random_weights(op: Op, K: int, out_features: int, G: int):
 
 
 def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int) -> Timer:
-    """A timer running the real kernels on a ``TUNE_COLUMNS``-column slice of the shape: the
-    seconds of one call."""
+    """A timer running the real kernels on column slices of the shape and predicting the seconds of
+    one full call: t(n) = a + b * n fitted through a narrow (``SMALL_COLUMNS``) and a wide
+    (``TUNE_COLUMNS``) slice. The per-call part ``a`` matters: the fp32 paths convert (and page in)
+    an M x K copy of x per call, which a single 256-column slice overweighted 20-40x at N = 11008
+    (the slice picked the bf16 decode kernel for M = 2048, 1.2x slower than the panel path at
+    full size)."""
     from . import native
 
-    sub = min(out_features, max(32, TUNE_COLUMNS // op.spec.columns_per_output))
-    weights = _random_weights(op, K, sub, G)
+    n_full = op.columns(out_features)
+    cpo = op.spec.columns_per_output
+    wide = min(out_features, max(32, TUNE_COLUMNS // cpo))
+    narrow = min(wide, max(32, SMALL_COLUMNS // cpo))
+    slices = {n: _random_weights(op, K, n, G) for n in {wide, narrow}}
     kern = native.get_kernel(op.name, x_dtype, isa)
     xs: Dict[int, torch.Tensor] = {}
 
-    def run(path: str, plan: Plan, M: int):
+    def run(path: str, plan: Plan, M: int, n: int):
         x = xs.setdefault(M, torch.randn(M, K).to(x_dtype))
         if path == "dense":
-            return dense_call(op, x, *weights, None, G, sub)
-        return kern(x, *weights, None, G, sub, plan=plan)
+            return dense_call(op, x, *slices[n], None, G, n)
+        return kern(x, *slices[n], None, G, n, plan=plan)
 
-    def timer(path: str, plan: Plan, M: int) -> float:
+    def once(path: str, plan: Plan, M: int, n: int) -> float:
         # the minimum of a few calls (a shared machine preempts in quanta of milliseconds); a first
         # call over 20 ms is its own measurement (the large-M buckets dominate the tuning time)
-        best, spent, n = float("inf"), 0.0, 0
-        while n < 10 and (n < 3 or spent < 10e-3):
+        best, spent, k = float("inf"), 0.0, 0
+        while k < 10 and (k < 3 or spent < 10e-3):
             t0 = time.perf_counter()
-            run(path, plan, M)
+            run(path, plan, M, n)
             t = time.perf_counter() - t0
-            best, spent, n = min(best, t), spent + t, n + 1
-            if n == 1 and t > 20e-3:
+            best, spent, k = min(best, t), spent + t, k + 1
+            if k == 1 and t > 20e-3:
                 break
         return best
+
+    def timer(path: str, plan: Plan, M: int) -> float:
+        t_wide = once(path, plan, M, wide)
+        if wide == narrow or wide * cpo >= n_full:
+            return t_wide * n_full / (wide * cpo)
+        t_narrow = once(path, plan, M, narrow)
+        per_col = max(t_wide - t_narrow, 0.0) / ((wide - narrow) * cpo)
+        return max(t_narrow - per_col * narrow * cpo, 0.0) + per_col * n_full
 
     return timer
 
@@ -249,13 +268,35 @@ def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_B
     return times
 
 
+def noisy_buckets(cands: Dict[str, Plan], times: Dict[str, Dict[int, float]], timer: Timer) -> List[int]:
+    """The buckets whose fastest path, timed again, differs from its first time by more than
+    ``NOISE`` (a preempted run on a loaded machine)."""
+    out = []
+    for m in sorted({m for t in times.values() for m in t}):
+        p = min((q for q in times if m in times[q]), key=lambda q: times[q][m])
+        again = timer(p, cands[p], m)
+        if abs(again - times[p][m]) > NOISE * min(again, times[p][m]):
+            out.append(m)
+    return out
+
+
 def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int,
                timer: Optional[Timer] = None, m_buckets: Iterable[int] = M_BUCKETS) -> Tuple[Plan, dict]:
-    """(the measured plan, the timings in ms per path and M) for one shape."""
+    """(the measured plan, the timings in ms per path and M) for one shape. Where the check of
+    :func:`noisy_buckets` fails for more than a quarter of the buckets, the plan is the constants
+    (``source="noisy"``, not cached): a plan measured on a busy machine would be kept for good."""
+    m_buckets = list(m_buckets)
     cands = candidates(op, isa, x_dtype)
     timer = timer or kernel_timer(op, isa, x_dtype, K, out_features, G)
     times = measure(cands, timer, m_buckets)
     plan = choose(op, isa, x_dtype, times)
+    noisy = noisy_buckets(cands, times, timer)
+    if 4 * len(noisy) > len(m_buckets):
+        log.warning("awq_inductor: kernel timings of %s K=%d N=%d are not repeatable (M = %s differ by more "
+                    "than %d%% when timed again; load average %.1f): keeping the constant thresholds; "
+                    "`python -m awq_inductor tune --retune` on an idle machine measures again",
+                    op.name, K, out_features, noisy, NOISE * 100, os.getloadavg()[0])
+        plan = dataclasses.replace(default_plan(), source="noisy")
     return plan, {p: {str(m): round(t * 1e3, 4) for m, t in tm.items()} for p, tm in times.items()}
 
 
@@ -349,6 +390,9 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     if plan is None and config.tune == "auto":
         t0 = time.perf_counter()
         plan, times = tune_shape(op, isa, x_dtype, K, out_features, G)
+        if plan.source == "noisy":  # the constants for this process; measured again next time
+            _memo[(threads(), key)] = plan
+            return plan
         store(key, plan, times)
         log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
                     key, time.perf_counter() - t0, plan.thresholds(), path)
@@ -439,7 +483,8 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
         plan = None if retune else _cached(cache_path(), key)
         if plan is None:
             plan, times = tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-            store(key, plan, times)
+            if plan.source != "noisy":
+                store(key, plan, times)
         out.append((s, plan))
     return out
 
