@@ -19,11 +19,13 @@ reuses code generated for the previous plan.
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
 select that path for every M), for M in :data:`M_BUCKETS`, on two column slices of the weight
 (full K), each the minimum of a few calls; the full-N time is predicted from a per-call part and a
-per-column part fitted through them (:func:`kernel_timer`). A candidate more than ``DROP_RATIO`` times slower than the best at two
-consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for larger M (the paths' costs grow
-monotonically in M). The thresholds are then the ones
+per-column part fitted through them (:func:`kernel_timer`). A candidate more than ``DROP_RATIO``
+times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
+larger M (the paths' costs grow monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
-checks them (:func:`path_for`).
+checks them (:func:`path_for`); each bucket's winner is timed again, and a shape whose timings do
+not repeat (:func:`noisy_buckets`: a busy machine) keeps the constants (cached, marked noisy: the
+``tune`` command measures it again).
 """
 from __future__ import annotations
 
@@ -284,7 +286,8 @@ def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int
                timer: Optional[Timer] = None, m_buckets: Iterable[int] = M_BUCKETS) -> Tuple[Plan, dict]:
     """(the measured plan, the timings in ms per path and M) for one shape. Where the check of
     :func:`noisy_buckets` fails for more than a quarter of the buckets, the plan is the constants
-    (``source="noisy"``, not cached): a plan measured on a busy machine would be kept for good."""
+    (``source="noisy"``; cached as such, so later processes neither pay for measuring again nor
+    see their cache keys change: ``python -m awq_inductor tune`` measures those shapes again)."""
     m_buckets = list(m_buckets)
     cands = candidates(op, isa, x_dtype)
     timer = timer or kernel_timer(op, isa, x_dtype, K, out_features, G)
@@ -357,9 +360,13 @@ def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None) ->
     with _lock:
         data = _read(path)
         data["machine"] = cache_key.machine(n_threads or threads())
-        data["plans"][key] = {**plan.thresholds(), "times_ms": times}
+        data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "times_ms": times}
         _write(path, data)
         _memo[(n_threads or threads(), key)] = dataclasses.replace(plan, source="tuned")
+
+
+def _is_noisy(path: str, key: str) -> bool:
+    return bool(_read(path)["plans"].get(key, {}).get("noisy"))
 
 
 def _cached(path: str, key: str) -> Optional[Plan]:
@@ -390,9 +397,6 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     if plan is None and config.tune == "auto":
         t0 = time.perf_counter()
         plan, times = tune_shape(op, isa, x_dtype, K, out_features, G)
-        if plan.source == "noisy":  # the constants for this process; measured again next time
-            _memo[(threads(), key)] = plan
-            return plan
         store(key, plan, times)
         log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
                     key, time.perf_counter() - t0, plan.thresholds(), path)
@@ -480,11 +484,10 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
     out = []
     for s in track(shapes, "tuning kernels", show=show, unit="shape"):
         key = shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-        plan = None if retune else _cached(cache_path(), key)
+        plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key)
         if plan is None:
             plan, times = tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-            if plan.source != "noisy":
-                store(key, plan, times)
+            store(key, plan, times)
         out.append((s, plan))
     return out
 
