@@ -167,7 +167,7 @@ def main(argv=None):
         costs = tuner_costs([(K, N, G) for K, N in shapes], dtype)
         header.append(f"tuner ({len(shapes)} shapes): cold {costs[0]:.2f} s, warm from the cache file "
                       f"{costs[1] * 1e3:.1f} ms, warm in memory {costs[2] * 1e3:.3f} ms; "
-                      f"{costs[3]} shape(s) not repeatable (constants kept, not cached)")
+                      f"{costs[3]} shape(s) not repeatable (constants kept, cached as noisy)")
     flush = torch.empty((768 << 20) // 4) if a.mode == "cold" else None
     rows = []
     with torch.no_grad():

@@ -398,8 +398,9 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
         t0 = time.perf_counter()
         plan, times = tune_shape(op, isa, x_dtype, K, out_features, G)
         store(key, plan, times)
-        log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
-                    key, time.perf_counter() - t0, plan.thresholds(), path)
+        if plan.source != "noisy":  # (tune_shape has said why it kept the constants)
+            log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
+                        key, time.perf_counter() - t0, plan.thresholds(), path)
     if plan is None:
         return default_plan()
     _memo[(threads(), key)] = plan
