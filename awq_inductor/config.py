@@ -6,6 +6,7 @@ choice that was made when it was built.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator, Optional
 
 #: Force one micro-kernel ISA instead of the best the CPU offers: ``"amx"``, ``"avx512"``,
@@ -26,8 +27,9 @@ panel_min_m: int = 8
 #: paths of a shape the first time it is built or compiled without a cached plan (one log line,
 #: seconds; ``python -m awq_inductor tune`` fills the cache ahead of time) and uses the measured
 #: thresholds; ``"cached"`` uses a cached plan where there is one and the constants above
-#: otherwise (never times); ``"off"`` always uses the constants (tests).
-tune: str = "auto"
+#: otherwise (never times); ``"off"`` always uses the constants (tests). The default comes from
+#: ``$AWQ_INDUCTOR_TUNE`` when set (read once, at import: the test suite sets it for its subprocesses).
+tune: str = os.environ.get("AWQ_INDUCTOR_TUNE") or "auto"
 
 #: Force the kernel plan of every shape (tests, experiments): a dict of some of ``amx_min_m``,
 #: ``panel_min_m``, ``bf16_f32_min_m``, ``dense_min_m`` (rows from which each path is taken, see
@@ -46,6 +48,8 @@ num_threads: Optional[int] = None
 
 ISAS = ("amx", "avx512", "portable")
 TUNE_MODES = ("auto", "cached", "off")
+if tune not in TUNE_MODES:
+    raise ValueError(f"AWQ_INDUCTOR_TUNE: expected one of {TUNE_MODES}, got {tune!r}")
 
 
 @contextlib.contextmanager
