@@ -159,6 +159,11 @@ def _stream(model, tokenizer, ids, new_tokens: int, label: str) -> bool:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tune"]:  # python -m awq_inductor tune --model DIR | --shapes KxN,...
+        from .kernels import tuner
+
+        return tuner.main(argv[1:])
     p = argparse.ArgumentParser(
         prog="python -m awq_inductor",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

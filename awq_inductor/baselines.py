@@ -7,12 +7,15 @@ G in {32, 64, 128, 256}.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from .nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 
 ATEN_GROUP_SIZES = (32, 64, 128, 256)
+log = logging.getLogger(__name__)
 
 
 class Int4PackLinear(nn.Module):
@@ -120,3 +123,51 @@ def to_dense(model: nn.Module, dtype: torch.dtype) -> nn.Module:
             model.set_submodule(name, DenseMoEExperts(mod, dtype))
     return _replace(model, lambda m: _dense_linear(m.dequantize(), m.bias, dtype),
                     lambda m: _dense_linear(m.dequantize(), m.canonical_bias(), dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Inductor's own WOQ-int4 GEMM template (torch 2.13, torch/_inductor/quantized_lowerings.py and
+# codegen/cpp_micro_gemm.py): the lowering of aten._weight_int4pack_mm_for_cpu adds a C++ template
+# choice next to the aten kernel when max-autotune is on and the packed weight is a frozen constant
+# (freezing=True, eval mode, no grad). Its micro-kernels exist for bf16 x only, G in {32, 64, 128},
+# N % 64 == 0: CppMicroGemmWoQInt4Amx (AMX, _tile_dpbf16ps, M >= 5 or dynamic M) and
+# CppMicroGemmWoQInt4Avx512 (AVX512 fp32 FMA, e.g. on AMD Zen 4). Without freezing (a module in
+# training mode, as this baseline was first compiled) the weight is a graph input and only the
+# aten extern kernel runs. With both choices the autotuner keeps the faster one by a single timing,
+# which on a loaded machine flips between runs, so the baseline asks for the template alone
+# (max_autotune_gemm_backends="CPP") and takes aten's kernel only where no template applies.
+WOQ_KERNELS = ("inductor_woq_amx", "inductor_woq_avx512", "aten_extern", "none")
+
+
+def woq_kernel_of(code: str) -> str:
+    """Which kernel Inductor's generated ``code`` runs for the int4 GEMM: the WOQ template's AMX or
+    AVX512 micro-kernel, the aten extern call, or ``"none"`` (no compiled code: e.g. a recompile
+    limit made Dynamo fall back to eager)."""
+    if "CppMicroGemmWoQInt4Amx" in code or "_tile_dpbf16ps" in code:
+        return "inductor_woq_amx"
+    if "micro_gemm_convert_int4_to_int8" in code:  # the AVX512 micro-kernel's int4 unpacking helper
+        return "inductor_woq_avx512"
+    if "int4mm_packed_weight_cpu" in code or "aten._weight_int4pack_mm_for_cpu.default(" in code:
+        return "aten_extern"
+    return "none"
+
+
+def compile_inductor_woq(module: nn.Module, x: torch.Tensor):
+    """``(compiled, kernel)``: ``module`` (calling ``aten._weight_int4pack_mm_for_cpu`` on buffers)
+    compiled for ``x``'s static shape with mode="max-autotune" and freezing, so Inductor may pick its
+    WOQ template; ``kernel`` (:func:`woq_kernel_of`) says what the generated code runs. The
+    compile happens here (first call); later calls with the same shape reuse it."""
+    import torch._inductor.config as iconfig  # the config context only: the lowering is Inductor's
+    from torch._inductor.utils import run_and_get_code
+
+    for backends in ("CPP", "ATEN,CPP"):
+        fn = torch.compile(module.eval(), mode="max-autotune", dynamic=False)
+        try:
+            with torch.no_grad(), iconfig.patch(freezing=True, max_autotune_gemm_backends=backends):
+                _, codes = run_and_get_code(fn, x)
+        except Exception as e:  # noqa: BLE001 - no template applies (e.g. fp16 x, G=256): aten's kernel
+            log.info("inductor_woq: no WOQ template for x %s %s (%s); using aten's kernel",
+                     list(x.shape), x.dtype, type(e).__name__)
+            continue
+        return fn, woq_kernel_of("\n".join(codes))
+    raise RuntimeError(f"inductor_woq: compiling for x {list(x.shape)} {x.dtype} failed with every backend")

@@ -6,6 +6,7 @@ choice that was made when it was built.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator, Optional
 
 #: Force one micro-kernel ISA instead of the best the CPU offers: ``"amx"``, ``"avx512"``,
@@ -22,6 +23,20 @@ amx_min_m: int = 5
 #: Baked into the generated code. Measured with benchmarks/bench_linear.py.
 panel_min_m: int = 8
 
+#: Per-machine kernel choice (awq_inductor/kernels/tuner.py): ``"auto"`` times the candidate kernel
+#: paths of a shape the first time it is built or compiled without a cached plan (one log line,
+#: seconds; ``python -m awq_inductor tune`` fills the cache ahead of time) and uses the measured
+#: thresholds; ``"cached"`` uses a cached plan where there is one and the constants above
+#: otherwise (never times); ``"off"`` always uses the constants (tests). The default comes from
+#: ``$AWQ_INDUCTOR_TUNE`` when set (read once, at import: the test suite sets it for its subprocesses).
+tune: str = os.environ.get("AWQ_INDUCTOR_TUNE") or "auto"
+
+#: Force the kernel plan of every shape (tests, experiments): a dict of some of ``amx_min_m``,
+#: ``panel_min_m``, ``bf16_f32_min_m``, ``dense_min_m`` (rows from which each path is taken, see
+#: ``tuner.Plan``), the rest from the constants; e.g. ``{"dense_min_m": 0}`` runs every call as
+#: dequantize + dense GEMM. ``None``: the tuned plan (``tune``).
+kernel_plan: Optional[dict] = None
+
 #: Render the AMX micro-kernels against a scalar C++ emulator of the tile instructions instead of
 #: the ``_tile_*`` intrinsics (``AWQ_TILE_*`` macros in csrc_templates/runtime/amx.h.j2). Read at code-generation
 #: time and part of the generated source text. For testing the AMX kernel logic on CPUs (or VMs)
@@ -32,6 +47,9 @@ amx_emulation: bool = False
 num_threads: Optional[int] = None
 
 ISAS = ("amx", "avx512", "portable")
+TUNE_MODES = ("auto", "cached", "off")
+if tune not in TUNE_MODES:
+    raise ValueError(f"AWQ_INDUCTOR_TUNE: expected one of {TUNE_MODES}, got {tune!r}")
 
 
 @contextlib.contextmanager
@@ -40,8 +58,10 @@ def patch(**changes) -> Iterator[None]:
     g = globals()
     old = {}
     for name, value in changes.items():
-        if name not in g or name.startswith("_") or name in ("patch", "ISAS"):
+        if name not in g or name.startswith("_") or name in ("patch", "ISAS", "TUNE_MODES"):
             raise ValueError(f"unknown awq_inductor.config setting {name!r}")
+        if name == "tune" and value not in TUNE_MODES:
+            raise ValueError(f"tune: expected one of {TUNE_MODES}, got {value!r}")
         if name == "force_isa" and value is not None and value not in ISAS:
             raise ValueError(f"force_isa: expected one of {ISAS} or None, got {value!r}")
         old[name] = g[name]

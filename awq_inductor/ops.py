@@ -120,9 +120,14 @@ def _register(op: Op) -> None:
         check_args(op, x, *args)
         if x.shape[0] == 0:
             return x.new_empty((0, args[-1]))
-        from .kernels import native  # compiled once per (scheme, ISA, dtype), cached on disk
+        from .kernels import native, tuner  # compiled once per (scheme, ISA, dtype), cached on disk
 
-        return native.get_kernel(op.name, x.dtype)(x.contiguous(), *args)
+        kernel = native.get_kernel(op.name, x.dtype)
+        # the per-machine plan of this shape (memoised: looked up or measured on the first call)
+        plan = tuner.plan_for(op, kernel.isa, x.dtype, x.shape[1], args[-1], args[-2])
+        if x.shape[0] >= plan.dense_min_m:
+            return tuner.dense_call(op, x, *args)
+        return kernel(x.contiguous(), *args, plan=plan)
 
     torch.library.register_fake(f"awq::{op.name}", fake)
     torch.library.impl(f"awq::{op.name}", "CPU", cpu)

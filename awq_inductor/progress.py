@@ -7,9 +7,9 @@ from typing import Iterable, Optional, TypeVar
 T = TypeVar("T")
 
 
-def track(items: Iterable[T], desc: str, show: Optional[bool] = None) -> Iterable[T]:
+def track(items: Iterable[T], desc: str, show: Optional[bool] = None, unit: str = "module") -> Iterable[T]:
     try:
         from tqdm.auto import tqdm
     except ImportError:  # tqdm comes with transformers; without it there is no bar
         return items
-    return tqdm(items, desc=desc, unit="module", leave=False, disable=None if show is None else not show)
+    return tqdm(items, desc=desc, unit=unit, leave=False, disable=None if show is None else not show)

@@ -7,9 +7,12 @@
 Methods: ``ours_compiled`` (torch.compile, backend awq_inductor), ``ours_eager`` (the op's eager
 native kernel), ``dense_bf16`` (F.linear on the dequantized weight in bf16), ``aten_int4pack``
 (``aten._weight_int4pack_mm_for_cpu``, zeros ``(8 - z) * s``: the path transformers 5 /
-gptqmodel take on CPU) and ``inductor_woq`` (the same aten op compiled with max-autotune +
-freezing: Inductor's own AMX WOQ template). Medians in ms; ``cold`` evicts the caches before
-every call by streaming a buffer larger than the L3, ``hot`` does not.
+gptqmodel take on CPU) and ``inductor_woq`` (the same aten op in an eval-mode module compiled
+per M with mode="max-autotune" + freezing: Inductor's own WOQ template where it applies,
+``baselines.compile_inductor_woq``; the kernel its generated code runs is recorded in
+``inductor_woq_kernel`` and printed, and a run that compiled nothing fails). Medians in ms;
+``cold`` evicts the caches before every call by streaming a buffer larger than the L3, ``hot``
+does not.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import torch.nn.functional as F
 
 import awq_inductor
 from awq_inductor import AWQLinear
-from awq_inductor.baselines import Int4PackLinear
+from awq_inductor.baselines import Int4PackLinear, compile_inductor_woq
 
 SHAPES = {
     "mlp_up": [(4096, 11008)],
@@ -63,10 +66,20 @@ def build_methods(methods, q, z, s, G, dtype, dynamic_m):
         fns["dense_bf16"] = _Dense(lin.dequantize().to(torch.bfloat16))
     if "aten_int4pack" in methods:
         fns["aten_int4pack"] = Int4PackLinear(q, z, s, None, G, dtype)
-    if "inductor_woq" in methods:
-        fns["inductor_woq"] = torch.compile(Int4PackLinear(q, z, s, None, G, dtype),
-                                            options={"max_autotune": True, "freezing": True})
+    if "inductor_woq" in methods:  # compiled per M (static shapes) by woq_for_m
+        fns["inductor_woq"] = Int4PackLinear(q, z, s, None, G, dtype)
     return fns
+
+
+def woq_for_m(module, x):
+    """The Inductor-WOQ baseline compiled for x's shape, and the kernel it runs (asserted)."""
+    fn, kernel = compile_inductor_woq(module, x)
+    if kernel == "none":
+        raise RuntimeError(f"inductor_woq: no compiled code for x {list(x.shape)} (Dynamo fell back to eager)")
+    if kernel == "aten_extern":
+        print(f"inductor_woq: M={x.shape[0]}: Inductor chose the aten extern kernel, not its WOQ template",
+              file=sys.stderr)
+    return fn, kernel
 
 
 def bench(fn, x, reps, cold, flush):
@@ -101,6 +114,9 @@ def main(argv=None):
         a.shapes, a.m, a.reps, a.mode, a.tag = "smoke", "1,5", 2, "hot", a.tag + "_smoke"
         a.methods = "ours_compiled,ours_eager,dense_bf16,aten_int4pack"
     torch.set_num_threads(a.threads)
+    # the WOQ baseline compiles Int4PackLinear.forward once per (shape, M): above Dynamo's default
+    # limit of 8 it would silently run eager (woq_for_m checks)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     dtype = getattr(torch, a.dtype)
     methods = a.methods.split(",")
     ms = [int(m) for m in a.m.split(",")]
@@ -113,11 +129,17 @@ def main(argv=None):
             fns = build_methods(methods, q, z, s, a.group_size, dtype, dynamic_m=False)
             for M in ms:
                 x = torch.randn(M, K).to(dtype)
+                mfns = dict(fns)
+                woq_kernel = None
+                if "inductor_woq" in fns:
+                    mfns["inductor_woq"], woq_kernel = woq_for_m(fns["inductor_woq"], x)
                 for mode in modes:
                     if mode == "hot" and M > a.hot_max_m and a.mode == "both":
                         continue
                     row = {"K": K, "N": N, "M": M, "mode": mode}
-                    for name, fn in fns.items():
+                    if woq_kernel is not None:
+                        row["inductor_woq_kernel"] = woq_kernel
+                    for name, fn in mfns.items():
                         xx = x.to(torch.bfloat16) if name == "dense_bf16" else x
                         row[name] = bench(fn, xx, a.reps, mode == "cold", flush)
                     rows.append(row)
@@ -125,15 +147,15 @@ def main(argv=None):
     cols = [m for m in ALL_METHODS if m in methods]
     lines = [f"threads={a.threads} dtype={a.dtype} G={a.group_size} torch={torch.__version__} "
              f"awq_inductor={awq_inductor.__version__}", "",
-             "| K | N | M | cache | " + " | ".join(cols) + " | ours/dense |",
-             "|---|---|---|---|" + "---|" * len(cols) + "---|"]
+             "| K | N | M | cache | " + " | ".join(cols) + " | ours/dense | inductor_woq ran |",
+             "|---|---|---|---|" + "---|" * len(cols) + "---|---|"]
     for r in rows:
         ratio = ""
         best = r.get("ours_compiled", r.get("ours_eager"))
         if best is not None and "dense_bf16" in r:
             ratio = f"{best / r['dense_bf16']:.2f}"
         lines.append(f"| {r['K']} | {r['N']} | {r['M']} | {r['mode']} | "
-                     + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {ratio} |")
+                     + " | ".join(f"{r[c]:.3f}" for c in cols) + f" | {ratio} | {r.get('inductor_woq_kernel', '')} |")
     table = "\n".join(lines)
     print(table)
     os.makedirs(a.out, exist_ok=True)

@@ -5,9 +5,17 @@ import tempfile
 _tmp = tempfile.mkdtemp(prefix="awq_inductor_test_cache_")
 os.environ.setdefault("AWQ_INDUCTOR_CACHE_DIR", os.path.join(_tmp, "awq"))
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
+# Subprocesses too (tp workers, cache-key processes): the constant kernel thresholds, no timing.
+os.environ.setdefault("AWQ_INDUCTOR_TUNE", "off")
 
 
 import pytest  # noqa: E402
+
+import awq_inductor.config  # noqa: E402
+
+# Tests force kernel paths and compare generated code: the constants, never a timing of this run
+# (tests/test_tuner.py turns tuning on where it tests it).
+awq_inductor.config.tune = "off"
 
 
 @pytest.fixture

@@ -38,3 +38,27 @@ def test_baselines_replace_fused_gate_up():
         assert isinstance(m[0], GateUpSiluMul)
         assert not any(isinstance(mod, (AWQGateUpSiluMul, AWQLinear)) for mod in m.modules())
         torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-4)
+
+
+def test_woq_kernel_of_names_what_the_code_runs():
+    from awq_inductor.baselines import woq_kernel_of
+
+    assert woq_kernel_of("... _tile_dpbf16ps(0, 1, 2) ...") == "inductor_woq_amx"
+    assert woq_kernel_of("inline __m128i cpp_micro_gemm_convert_int4_to_int8(") == "inductor_woq_avx512"
+    assert woq_kernel_of("buf0 = torch.ops.aten._weight_int4pack_mm_for_cpu.default(x, w, 128, sz)") \
+        == "aten_extern"
+    assert woq_kernel_of("") == "none"
+
+
+@pytest.mark.skipif(not torch.cpu._is_avx512_bf16_supported(), reason="Inductor's WOQ template needs AVX512")
+def test_inductor_woq_baseline_reaches_the_template(inductor_clean):
+    """The benchmark's inductor_woq column runs Inductor's WOQ int4 template, not aten's kernel."""
+    from awq_inductor.baselines import compile_inductor_woq
+
+    q, z, s = random_canonical(128, 256, 128)
+    m = Int4PackLinear(q, z, s, None, 128, torch.bfloat16)
+    x = torch.randn(8, 256).to(torch.bfloat16)
+    fn, kernel = compile_inductor_woq(m, x)
+    assert kernel in ("inductor_woq_amx", "inductor_woq_avx512")
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), m(x), rtol=2e-2, atol=2e-2)

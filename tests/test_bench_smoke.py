@@ -30,3 +30,19 @@ def test_bench_moe_op_smoke():
     for name in ("int4_moe", "int4_moe_a8"):
         r = out["op"][f"{name} M=1 threads=1"]
         assert r["ms"] > 0 and r["experts"] == 8
+
+
+def test_bench_report_smoke(tmp_path):
+    """The report runs, names the kernel per M and checks the 1.05x guarantee column."""
+    path = os.path.join(os.path.dirname(BENCH), "bench_report.py")
+    spec = importlib.util.spec_from_file_location("bench_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--shapes", "smoke", "--m", "1", "--reps", "2", "--mode", "hot", "--threads", "1",
+                     "--out", str(tmp_path), "--tag", "r"])
+    (r,) = rows
+    assert r["kernel"] in ("decode_bf16", "f32_rows", "panel", "amx", "dense", "portable")
+    assert r["inductor_woq_kernel"] in ("inductor_woq_amx", "inductor_woq_avx512", "aten_extern")
+    assert r["guarantee"] in ("ok", "SLOWER") and r["GB/s"] > 0 and r["TFLOP/s"] > 0
+    text = open(tmp_path / "r.md").read()
+    assert "tuner (1 shapes): cold" in text and "not repeatable" in text and "| <= 1.05x best |" in text

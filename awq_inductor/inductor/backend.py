@@ -56,7 +56,34 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             kwargs.pop(key, None)
     if kwargs:
         raise TypeError(f"awq_inductor_backend: unexpected arguments {sorted(kwargs)}")
+    tune_graph(gm)
     return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra))
+
+
+def tune_graph(gm: torch.fx.GraphModule) -> int:
+    """Look up (or measure, ``config.tune == "auto"``) the kernel plan of every awq op shape in
+    ``gm`` *before* Inductor computes its FX cache key, which covers the tuning cache's content:
+    measured here, the first compile is keyed like every later one (measured during lowering,
+    the next process would miss the cache once). Returns the number of awq op calls seen."""
+    from ..kernels import tuner
+    from ..schemes import OPS
+
+    by_target = {t: op for op in OPS.values() for t in (op.torch_op, op.torch_op.default)}
+    seen = 0
+    isa = None
+    for node in gm.graph.nodes:
+        op = by_target.get(node.target) if node.op == "call_function" else None
+        # positional (x, *weights, bias, group_size, out_features), as the modules call the ops;
+        # another call form is looked up when it is lowered instead
+        if op is None or len(node.args) != len(op.scheme.weights) + 4 or node.kwargs:
+            continue
+        x = node.args[0].meta.get("example_value", node.args[0].meta.get("val"))
+        if x is None or x.dim() != 2 or not isinstance(x.shape[1], int):
+            continue
+        isa = isa or lowering.choose_isa()
+        tuner.plan_for(op, isa, x.dtype, int(x.shape[1]), int(node.args[-1]), int(node.args[-2]))
+        seen += 1
+    return seen
 
 
 def _entry_point_installed() -> bool:

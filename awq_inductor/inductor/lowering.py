@@ -44,7 +44,7 @@ except ImportError as e:
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraphPass  # noqa: E402  (public)
 
 from .. import config as awq_config
-from ..kernels import cache_key, codegen, isa as isa_mod
+from ..kernels import cache_key, codegen, isa as isa_mod, tuner
 from ..kernels.toolchain import require_cxx
 from ..schemes import OPS, Op
 
@@ -86,9 +86,10 @@ def sources_hash() -> str:
 def cache_uuid() -> str:
     """The FX-graph-cache key part of our code generation, computed when Inductor computes its key
     (same process, same settings as the code generation that follows): the sources
-    (:func:`sources_hash`), every awq_inductor.config setting, the thread count, the CPU and the
-    ISA :func:`choose_isa` picks now (see awq_inductor.kernels.cache_key)."""
-    return cache_key.fx_key(choose_isa(), sources_hash())
+    (:func:`sources_hash`), every awq_inductor.config setting, the thread count, the CPU, the
+    ISA :func:`choose_isa` picks now (see awq_inductor.kernels.cache_key) and the content of the
+    tuning cache (``kernels.tuner``: the thresholds rendered into the code come from it)."""
+    return cache_key.fx_key(choose_isa(), sources_hash(), {"tuning_cache": tuner.cache_digest()})
 
 
 class AwqCachePass(CustomGraphPass):
@@ -155,8 +156,9 @@ class AwqTemplate(CppTemplate):
     """One call site of ``op``: inputs x, the scheme's weights[, bias]; output [M, out_features]."""
 
     def __init__(self, op: Op, input_nodes, layout, num_threads, *, group_size: int, out_features: int,
-                 has_bias: bool, isa: str):
+                 has_bias: bool, isa: str, plan: tuner.Plan):
         super().__init__(op.c_entry, input_nodes, layout, num_threads)
+        self.plan = plan
         self.op = op
         self.group_size = group_size
         self.out_features = out_features
@@ -228,6 +230,8 @@ class AwqTemplate(CppTemplate):
             export_declaration=get_export_declaration(), x_ctype=DTYPE_TO_CPP[x_dtype],
             inductor_header=self.header().getvalue(), awq_header=awq_header,
             awq_header_hash=hashlib.sha256(awq_header.encode()).hexdigest()[:16],
+            thresholds=self.plan.cxx(),
+            plan_note="plan: " + ("tuned" if self.plan.source in ("tuned", "cached") else self.plan.source),
         )
         with contextlib.ExitStack() as stack:
             for buf in fake_buffers:
@@ -281,8 +285,14 @@ def lower(op: Op, x, *args):
     layout = ir.FixedLayout(x_.get_device(), x_.get_dtype(), [x_.get_size()[0], sympy.Integer(out_features)])
     threads = awq_config.num_threads or parallel_num_threads()
     isa = choose_isa()
+    plan = tuner.plan_for(op, isa, x_.get_dtype(), int(x_.get_size()[1]), int(out_features), int(group_size))
+    m = x_.get_size()[0]
+    if plan.dense_min_m < tuner.NEVER and (free_symbols(m) or int(m) >= plan.dense_min_m):
+        # the plan runs (some) M as dequantize + dense GEMM: the eager op dispatches on M at run time
+        log.debug("%s: extern call (plan: dense from M=%d)", op.name, plan.dense_min_m)
+        return L.fallback_handler(torch_op, add_to_fallback_set=False)(x, *args)
     tmpl = AwqTemplate(op, tensors, layout, threads, group_size=int(group_size), out_features=int(out_features),
-                       has_bias=bias is not None, isa=isa)
+                       has_bias=bias is not None, isa=isa, plan=plan)
     log.debug("%s: template isa=%s N=%s K=%s G=%s", op.name, isa, out_features, x_.get_size()[1], group_size)
     return tmpl.generate().output_node()
 

@@ -14,6 +14,7 @@ the eager kernel's shared object on disk (kernels/native.py).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import types
@@ -45,6 +46,46 @@ def cpu_fingerprint() -> Dict[str, Any]:
     except Exception:  # noqa: BLE001
         cap = "unknown"
     return {"capability": cap, "avx512": f.avx512, "avx512_bf16": f.avx512_bf16, "amx_tile": f.amx_tile}
+
+
+def _cpuinfo() -> Dict[str, str]:
+    """``model name`` and ``flags`` of the first CPU in /proc/cpuinfo (empty where there is none)."""
+    out: Dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "flags") and key not in out:
+                    out[key] = value.strip()
+                if len(out) == 2:
+                    break
+    except OSError:
+        pass
+    return out
+
+
+def machine(threads: int) -> Dict[str, Any]:
+    """What a kernel timing depends on besides the shape: the CPU model and its flags, the thread
+    count, torch and this package (version and kernel sources). The key of the tuning cache
+    (kernels/tuner.py): another machine, thread count or build never reads these timings."""
+    import platform
+
+    from .. import __version__
+    from . import codegen
+
+    info = _cpuinfo()
+    flags = " ".join(sorted(info.get("flags", "").split()))
+    return {"cpu_model": info.get("model name") or platform.processor() or platform.machine(),
+            "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "cpu": cpu_fingerprint(),
+            "threads": int(threads), "torch": torch.__version__, "awq_inductor": __version__,
+            "kernel_sources": codegen.templates_hash()[:16]}
+
+
+@functools.lru_cache(maxsize=None)
+def machine_key(threads: int) -> str:
+    """sha256 (32 hex digits) of :func:`machine`: the tuning cache's file name."""
+    return _digest(machine(threads))[:32]
 
 
 def describe(isa: str, sources: str, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

@@ -20,7 +20,7 @@ import torch
 
 from .. import config
 from ..schemes import OPS, W4A16, Op
-from . import codegen, isa as isa_mod
+from . import codegen, isa as isa_mod, tuner
 from .cache_key import native_key
 from .toolchain import compiler_id, require_cxx
 
@@ -87,8 +87,8 @@ def _library(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) ->
 def _entry(op: Op, isa: str, x_dtype: torch.dtype, emulate: bool):
     fn = getattr(_library(op.scheme.name, isa, x_dtype, emulate), f"{op.c_entry}_{codegen.dtype_name(x_dtype)}")
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    # x, M, weights..., bias, out, N, K, G, threads
-    fn.argtypes = [vp, i64] + [vp] * len(op.scheme.weights) + [vp, vp, i64, i64, i64, ctypes.c_int]
+    # x, M, weights..., bias, out, N, K, G, threads, awq::Thresholds (amx, panel, bf16 -> f32)
+    fn.argtypes = [vp, i64] + [vp] * len(op.scheme.weights) + [vp, vp, i64, i64, i64, ctypes.c_int, i64, i64, i64]
     fn.restype = None
     return fn
 
@@ -98,14 +98,16 @@ def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callabl
     fn = _entry(OPS[name], isa, x_dtype, emulate)
     empty = torch.empty
 
-    def kernel(x, *args):
+    def kernel(x, *args, plan: Optional[tuner.Plan] = None):
+        """``plan``: the thresholds that pick the path (default: the constants)."""
         *weights, bias, group_size, out_features = args
         M, K = x.shape
         out = empty((M, out_features), dtype=x.dtype)
         if M:
             nt = config.num_threads or torch.get_num_threads()
+            th = (plan or tuner.default_plan()).cxx_args()
             fn(x.data_ptr(), M, *(w.data_ptr() for w in weights),
-               bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size, nt)
+               bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size, nt, *th)
         return out
 
     kernel.isa = isa  # type: ignore[attr-defined]
@@ -124,7 +126,8 @@ def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Ca
     """The eager kernel of ``awq::<name>`` for activations of ``x_dtype``, built once per
     (op, ISA, dtype, AMX emulation) and cached. The returned callable takes the op's arguments
     ``(x, *weights, bias, group_size, out_features)``, already validated (``ops.check_args``),
-    ``x`` contiguous."""
+    ``x`` contiguous, and the keyword ``plan`` (a ``tuner.Plan``: the C++ path thresholds;
+    ``plan.dense_min_m`` is the caller's business, see ``ops``)."""
     isa = isa_mod.select() if isa is None else isa_mod.check(isa)
     # With config.amx_emulation the AMX micro-kernels run on the scalar tile emulator, so neither
     # AMX permission nor -mamx flags are needed.

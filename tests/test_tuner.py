@@ -1,0 +1,283 @@
+"""The per-machine kernel choice (awq_inductor/kernels/tuner.py): cache key, threshold choice, the
+on-disk cache, forced plans, and the generated code following the measured winner."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import awq_inductor
+from awq_inductor import AWQLinear, config
+from awq_inductor.kernels import cache_key, tuner
+from awq_inductor.schemes import OPS
+
+from helpers import random_canonical
+
+NEVER = tuner.NEVER
+W4A16 = OPS["int4_mm"]
+W4A8 = OPS["int4_mm_a8"]
+
+
+@pytest.fixture
+def tune_dir(tmp_path, monkeypatch):
+    """A private cache directory, tuning on, no plans remembered from other tests."""
+    monkeypatch.setenv("AWQ_INDUCTOR_CACHE_DIR", str(tmp_path))
+    tuner.forget()
+    with config.patch(tune="auto"):
+        yield tmp_path
+    tuner.forget()
+
+
+def fake_timer(table):
+    """A timer reading ``table[path](M)`` (seconds), recording what it was asked."""
+    calls = []
+
+    def timer(path, plan, M):
+        calls.append((path, M))
+        return table[path](M)
+
+    timer.calls = calls
+    return timer
+
+
+def test_machine_key_changes_with_threads_cpu_and_versions(monkeypatch):
+    cache_key.machine_key.cache_clear()
+    base = cache_key.machine_key(2)
+    assert cache_key.machine_key(2) == base
+    assert cache_key.machine_key(4) != base
+    monkeypatch.setattr(cache_key, "_cpuinfo", lambda: {"model name": "Some Other CPU", "flags": "avx2"})
+    cache_key.machine_key.cache_clear()
+    other_cpu = cache_key.machine_key(2)
+    assert other_cpu != base
+    monkeypatch.setattr(cache_key, "_cpuinfo", lambda: {"model name": "Some Other CPU", "flags": "avx2 amx_tile"})
+    cache_key.machine_key.cache_clear()
+    assert cache_key.machine_key(2) != other_cpu  # flags
+    monkeypatch.setattr(awq_inductor, "__version__", "99.0")
+    cache_key.machine_key.cache_clear()
+    assert cache_key.machine_key(2) not in (base, other_cpu)
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    v = cache_key.machine_key(2)
+    cache_key.machine_key.cache_clear()
+    assert cache_key.machine_key(2) != v
+    cache_key.machine_key.cache_clear()
+
+
+def test_path_for_mirrors_the_driver_order():
+    plan = tuner.Plan(amx_min_m=5, panel_min_m=8, bf16_f32_min_m=3, dense_min_m=1024)
+    bf16 = torch.bfloat16
+    assert [tuner.path_for(plan, W4A16, "avx512", bf16, m) for m in (1, 2, 3, 7, 8, 1023, 1024)] == \
+        ["decode_bf16", "decode_bf16", "f32_rows", "f32_rows", "panel", "panel", "dense"]
+    assert [tuner.path_for(plan, W4A16, "amx", bf16, m) for m in (1, 4, 5, 2048)] == \
+        ["decode_bf16", "f32_rows", "amx", "dense"]
+    assert tuner.path_for(plan, W4A16, "amx", torch.float32, 16) == "panel"  # AMX is bf16-only
+    assert [tuner.path_for(plan, W4A8, "amx", bf16, m) for m in (4, 5)] == ["vnni", "amx"]
+    assert tuner.path_for(plan, W4A8, "avx512", bf16, 512) == "vnni"
+
+
+def test_choose_follows_the_timings():
+    ms = tuner.M_BUCKETS
+    times = {  # decode best below 4 rows, fp32 rows for 4..8, panel from 16, dense from 1024
+        "decode_bf16": {m: (1.0 if m < 4 else 9.0) for m in ms},
+        "f32_rows": {m: (2.0 if m < 4 else 1.0 if m <= 8 else 9.0) for m in ms},
+        "panel": {m: (3.0 if m <= 8 else 1.0 if m < 1024 else 2.0) for m in ms},
+        "dense": {m: (9.0 if m < 1024 else 1.0) for m in ms},
+    }
+    plan = tuner.choose(W4A16, "avx512", torch.bfloat16, times)
+    assert (plan.bf16_f32_min_m, plan.panel_min_m, plan.dense_min_m) == (4, 16, 1024)
+    assert plan.amx_min_m == config.amx_min_m  # not a choice on avx512
+    only_panel = {"decode_bf16": {m: 2.0 for m in ms}, "f32_rows": {m: 3.0 for m in ms},
+                  "panel": {m: 1.0 for m in ms}, "dense": {m: 5.0 for m in ms}}
+    plan = tuner.choose(W4A16, "avx512", torch.bfloat16, only_panel)
+    assert all(tuner.path_for(plan, W4A16, "avx512", torch.bfloat16, m) == "panel" for m in ms)
+    assert plan.dense_min_m == NEVER
+
+
+def test_measure_stops_timing_a_path_that_keeps_losing():
+    timer = fake_timer({"fast": lambda m: 1.0, "slow": lambda m: 3.0})
+    cands = {"fast": tuner.Plan(0, 0, 0), "slow": tuner.Plan(0, 0, 0)}
+    times = tuner.measure(cands, timer)
+    assert set(times["fast"]) == set(tuner.M_BUCKETS)
+    assert max(times["slow"]) == 64  # slow at 32 and 64 (from DROP_MIN_M): not timed for M >= 128
+
+
+def test_tuned_plan_round_trips_through_disk(tune_dir):
+    ms = tuner.M_BUCKETS
+    timer = fake_timer({"dense": lambda m: 9.0, "decode_bf16": lambda m: 1.0 if m <= 2 else 5.0,
+                        "f32_rows": lambda m: 3.0, "panel": lambda m: 2.0 if m <= 2 else 1.0})
+    plan, times = tuner.tune_shape(W4A16, "avx512", torch.bfloat16, 256, 128, 64, timer=timer)
+    assert (plan.bf16_f32_min_m, plan.panel_min_m) == (4, 4)  # the first bucket where panel wins
+    assert set(times["panel"]) == {str(m) for m in ms}
+    key = tuner.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    tuner.store(key, plan, times)
+    data = json.load(open(tuner.cache_path()))
+    assert data["plans"][key]["panel_min_m"] == 4 and data["machine"]["threads"] == tuner.threads()
+    assert os.path.dirname(tuner.cache_path()) == os.path.join(str(tune_dir), "tuning")
+    tuner.forget()
+    with config.patch(tune="cached"):
+        got = tuner.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    assert got.source == "cached" and got.thresholds() == plan.thresholds()
+    # another thread count is another machine key: nothing cached there, the constants
+    torch_threads = torch.get_num_threads()
+    with config.patch(tune="cached", num_threads=torch_threads + 1):
+        assert tuner.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64).source == "default"
+
+
+def test_plan_for_tunes_once_then_remembers(tune_dir, monkeypatch):
+    made = []
+
+    def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
+        made.append((op.name, K, out_features, G))
+        return fake_timer({p: (lambda m: 1.0) for p in tuner.candidates(op, isa, x_dtype)})
+
+    monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
+    for _ in range(3):
+        tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+    assert made == [("int4_mm", 256, 128, 64)]
+    tuner.forget()
+    tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)  # from disk, not measured again
+    assert len(made) == 1
+    with config.patch(tune="off"):
+        assert tuner.plan_for(W4A16, "avx512", torch.float32, 256, 64, 64).source == "default"
+    with config.patch(kernel_plan={"panel_min_m": 2}):
+        forced = tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+    assert forced.source == "forced" and forced.panel_min_m == 2 and forced.amx_min_m == config.amx_min_m
+    assert len(made) == 1
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="tune: expected one of"):
+        with config.patch(tune="sometimes"):
+            pass
+    with pytest.raises(ValueError, match="kernel_plan: expected keys among"):
+        tuner.forced_plan({"amx_rows": 3})
+    with pytest.raises(ValueError, match="--shapes: expected KxN"):
+        tuner.parse_shapes("4096by4096", 128)
+
+
+def test_forced_dense_plan_runs_the_dense_path(monkeypatch):
+    q, z, s = random_canonical(96, 256, 64)
+    lin = AWQLinear.from_canonical(q, z, s, torch.randn(96), group_size=64)
+    x = torch.randn(5, 256)
+    calls = []
+    real = tuner.dense_call
+    monkeypatch.setattr(tuner, "dense_call", lambda *a: calls.append(1) or real(*a))
+    want = x @ lin.dequantize().t() + lin.bias
+    torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-3)
+    assert calls == []
+    with config.patch(kernel_plan={"dense_min_m": 4}):
+        torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-3)
+        assert calls == [1]
+        lin(x[:3])  # below dense_min_m: the C++ kernel
+        assert calls == [1]
+
+
+def test_model_shapes_of_llama7b():
+    cfg = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+           "num_key_value_heads": 32, "quantization_config": {"group_size": 128}}
+    shapes = tuner.model_shapes(cfg)
+    assert [(s.op.name, s.K, s.out_features, s.G) for s in shapes] == [
+        ("int4_mm", 4096, 12288, 128), ("int4_mm", 4096, 4096, 128),
+        ("int4_mm_silu_mul", 4096, 11008, 128), ("int4_mm", 11008, 4096, 128)]
+    with pytest.raises(ValueError, match="missing 'intermediate_size'"):
+        tuner.model_shapes({"hidden_size": 64, "num_attention_heads": 4})
+
+
+def test_tune_cli_measures_real_kernels(tune_dir, capsys):
+    """The CLI on a small shape: real kernels timed, the plan cached for this machine."""
+    from awq_inductor.__main__ import main
+
+    assert main(["tune", "--shapes", "256x128", "--group-size", "64", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned 1 shape(s)" in out and "int4_mm K=256 N=128 G=64" in out
+    data = json.load(open(tuner.cache_path()))
+    (key, entry), = data["plans"].items()
+    assert key.startswith("int4_mm/") and key.endswith("/float32/K256/N128/G64")
+    assert set(entry["times_ms"]) >= {"dense", "f32_rows"} and entry["times_ms"]["dense"]["1"] > 0
+
+
+def _compiled_code(lin, x):
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    fn = torch.compile(lin, backend="awq_inductor")
+    _, codes = run_and_get_code(fn, x)
+    return "\n".join(codes)
+
+
+@pytest.mark.parametrize("winner,literal", [
+    ("decode_bf16", f"awq::Thresholds{{{config.amx_min_m}, {NEVER}, {NEVER}}}"),
+    ("panel", f"awq::Thresholds{{{config.amx_min_m}, 1, 1}}"),
+])
+def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
+    """Two candidate timings forced: the compiled kernel's thresholds select the faster one."""
+    def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
+        return fake_timer({p: (lambda m, p=p: 1.0 if p == winner else 2.0)
+                           for p in tuner.candidates(op, isa, x_dtype)})
+
+    monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
+    q, z, s = random_canonical(128, 256, 64)
+    lin = AWQLinear.from_canonical(q, z, s, group_size=64)
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    with config.patch(force_isa="avx512"):
+        code = _compiled_code(lin, x)
+        plan = tuner.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    assert literal in code and "// plan: tuned" in code
+    assert tuner.path_for(plan, W4A16, "avx512", torch.bfloat16, 3) == winner
+    torch.testing.assert_close(lin(x).float(), x.float() @ lin.dequantize().t(), rtol=2e-2, atol=2e-2)
+
+
+def test_fx_cache_key_follows_the_tuning_cache(tune_dir):
+    """A retune changes the FX cache key: code generated for the old plan is never reused."""
+    from awq_inductor import inductor
+    from awq_inductor.inductor import lowering
+
+    assert inductor.register()
+    before = lowering.cache_uuid()
+    assert lowering.cache_uuid() == before
+    key = tuner.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    tuner.store(key, tuner.Plan(5, 8, 3, source="tuned"), {})
+    first = lowering.cache_uuid()
+    assert first != before
+    tuner.store(key, tuner.Plan(5, 16, 3, source="tuned"), {})
+    assert lowering.cache_uuid() not in (before, first)
+
+
+def test_backend_tunes_before_inductor_computes_its_cache_key(tune_dir, monkeypatch, inductor_clean):
+    """backend="awq_inductor" measures the graph's shapes first, so the FX key of the first compile
+    already covers the plan (the next process hits that cache entry)."""
+    from awq_inductor.inductor import lowering
+
+    seen = {}
+    real = lowering.compile_with_inductor
+
+    def spy(gm, example_inputs, patches):
+        seen["plans"] = json.load(open(tuner.cache_path()))["plans"] if os.path.exists(tuner.cache_path()) else {}
+        return real(gm, example_inputs, patches)
+
+    monkeypatch.setattr(lowering, "compile_with_inductor", spy)
+    monkeypatch.setattr(tuner, "kernel_timer", lambda op, isa, dt, K, n, G: fake_timer(
+        {p: (lambda m: 1.0) for p in tuner.candidates(op, isa, dt)}))
+    q, z, s = random_canonical(64, 128, 64)
+    lin = AWQLinear.from_canonical(q, z, s, group_size=64)
+    with config.patch(force_isa="avx512"):
+        _compiled_code(lin, torch.randn(2, 128))
+    assert list(seen["plans"]) == [tuner.shape_key(W4A16, "avx512", torch.float32, 128, 64, 64)]
+
+
+def test_unrepeatable_timings_keep_the_constants(tune_dir, monkeypatch):
+    """A busy machine (every second timing 3x off) must not write a measured plan that would stay
+    for good: the constants are cached, marked noisy."""
+    flip = iter(range(10 ** 6))
+    noisy = fake_timer({p: (lambda m: 1.0 if next(flip) % 2 else 3.0) for p in ("dense", "f32_rows", "panel")})
+    monkeypatch.setattr(tuner, "kernel_timer", lambda *a: noisy)
+    plan = tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+    assert plan.source == "noisy" and plan.thresholds() == tuner.default_plan().thresholds()
+    (entry,) = json.load(open(tuner.cache_path()))["plans"].values()
+    assert entry["noisy"] is True and entry["panel_min_m"] == config.panel_min_m
+    tuner.forget()  # a later process: the constants from the cache, no measuring
+    monkeypatch.setattr(tuner, "kernel_timer", lambda *a: pytest.fail("measured again"))
+    assert tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64).thresholds() == plan.thresholds()
+    with pytest.raises(pytest.fail.Exception, match="measured again"):  # the tune command does
+        tuner.tune_shapes(tuner.parse_shapes("256x128", 64), torch.float32, isa="avx512", show=False)
