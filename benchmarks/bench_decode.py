@@ -105,6 +105,18 @@ def build_copies(K, N, G, dtype, cold_bytes):
     return ours, aten
 
 
+def compiled_calls(ours):
+    """One ``torch.compile`` (backend awq_inductor, static M) of the op with the weights as graph
+    inputs, called on each copy: the generated C++ kernel without the eager op's Python checks."""
+    lin = ours[0]
+
+    def f(x, qweight, scales, zeros):
+        return torch.ops.awq.int4_mm(x, qweight, scales, zeros, None, lin.group_size, lin.out_features)
+
+    cf = torch.compile(f, backend="awq_inductor", dynamic=False)
+    return [lambda x, m=m: cf(x, m.qweight, m.scales, m.zeros) for m in ours]
+
+
 def time_interleaved(fns: dict, x, reps: int) -> dict:
     """Median ms per method; each rep calls every method once on its next (cold) copy."""
     ts = {k: [] for k in fns}
@@ -134,6 +146,7 @@ def main(argv=None):
     p.add_argument("--cold-bytes", type=int, default=256 << 20)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     p.add_argument("--tag", default="bench_decode")
+    p.add_argument("--compiled", action="store_true", help="also time the torch.compile'd op (generated kernel)")
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args(argv)
     if a.smoke:
@@ -152,10 +165,15 @@ def main(argv=None):
             for M in (int(m) for m in a.m.split(",")):
                 x = torch.randn(M, K).to(dtype)
                 io = (M * K + M * N) * x.element_size()
-                t = time_interleaved({"ours": ours, "aten": aten}, x, a.reps)
-                row = {"K": K, "N": N, "M": M, "copies": len(ours), "ours_ms": t["ours"], "aten_ms": t["aten"],
-                       "ours_bytes": _nbytes(ours[0]) + io, "aten_bytes": _nbytes(aten[0]) + io}
-                for k in ("ours", "aten"):
+                fns = {"ours": ours, "aten": aten}
+                if a.compiled:
+                    fns["compiled"] = compiled_calls(ours)
+                t = time_interleaved(fns, x, a.reps)
+                row = {"K": K, "N": N, "M": M, "copies": len(ours), "ours_bytes": _nbytes(ours[0]) + io,
+                       "aten_bytes": _nbytes(aten[0]) + io}
+                row["compiled_bytes"] = row["ours_bytes"]
+                for k in fns:
+                    row[f"{k}_ms"] = t[k]
                     row[f"{k}_gbs"] = row[f"{k}_bytes"] / (row[f"{k}_ms"] * 1e-3) / 1e9
                     row[f"{k}_share"] = row[f"{k}_gbs"] / bw["probe_gbs"]
                 rows.append(row)
@@ -169,14 +187,15 @@ def main(argv=None):
              f"read bandwidth: probe {bw['probe_gbs']:.1f} GB/s (1 GiB stream, best of 7), "
              f"torch.sum {bw['torch_sum_gbs']:.1f} GB/s", "",
              "| K | N | M | ours ms | aten ms | ours/aten | ours GB/s | ours share | aten GB/s | aten share "
-             "| ours / ours(M=1) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours / ours(M=1) | compiled ms | compiled share |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m1 = by_shape[(r["K"], r["N"])].get(1)
         rel = f"{r['ours_ms'] / m1:.2f}" if m1 else ""
+        comp = f"{r['compiled_ms']:.3f} | {r['compiled_share']:.0%}" if "compiled_ms" in r else " | "
         lines.append(f"| {r['K']} | {r['N']} | {r['M']} | {r['ours_ms']:.3f} | {r['aten_ms']:.3f} | "
                      f"{r['ours_ms'] / r['aten_ms']:.2f} | {r['ours_gbs']:.1f} | {r['ours_share']:.0%} | "
-                     f"{r['aten_gbs']:.1f} | {r['aten_share']:.0%} | {rel} |")
+                     f"{r['aten_gbs']:.1f} | {r['aten_share']:.0%} | {rel} | {comp} |")
     table = "\n".join(lines)
     print(table)
     os.makedirs(a.out, exist_ok=True)
