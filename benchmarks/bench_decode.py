@@ -43,22 +43,25 @@ _PROBE_SRC = r"""
 #include <immintrin.h>
 #include <cstdint>
 #include <omp.h>
-// Sum of 64-bit words over n bytes (n % 256 == 0), four independent AVX512 accumulators, threads
-// over contiguous halves: a pure streaming read, nothing written.
+// Sum of 64-bit words over n bytes (n % 1024 == 0): each thread takes a contiguous share and reads
+// it as 4 concurrent sequential streams (its 4 quarters, one 64-byte line each per step, four
+// independent AVX512 accumulators); a pure streaming read, nothing written. (One stream per thread
+// measured 10-20% below the decode kernel's two panel streams on one core.)
 extern "C" uint64_t awq_probe_read(const uint8_t* p, int64_t n, int threads) {
   uint64_t total = 0;
 #pragma omp parallel num_threads(threads) reduction(+ : total)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t blocks = n / 256;
-    const int64_t b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+    const int64_t lines = n / 64 / 4 * 4;
+    const int64_t l0 = lines * t / nt / 4 * 4, l1 = lines * (t + 1) / nt / 4 * 4;
+    const int64_t q = (l1 - l0) / 4;
+    const __m512i* s = (const __m512i*)p + l0;
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t b = b0; b < b1; ++b) {
-      const __m512i* q = (const __m512i*)(p + b * 256);
-      a0 = _mm512_add_epi64(a0, _mm512_load_si512(q));
-      a1 = _mm512_add_epi64(a1, _mm512_load_si512(q + 1));
-      a2 = _mm512_add_epi64(a2, _mm512_load_si512(q + 2));
-      a3 = _mm512_add_epi64(a3, _mm512_load_si512(q + 3));
+    for (int64_t i = 0; i < q; ++i) {
+      a0 = _mm512_add_epi64(a0, _mm512_load_si512(s + i));
+      a1 = _mm512_add_epi64(a1, _mm512_load_si512(s + q + i));
+      a2 = _mm512_add_epi64(a2, _mm512_load_si512(s + 2 * q + i));
+      a3 = _mm512_add_epi64(a3, _mm512_load_si512(s + 3 * q + i));
     }
     total += _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
   }
