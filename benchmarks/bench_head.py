@@ -5,7 +5,8 @@
 Speed: the machine's read bandwidth (bench_decode's probe), then per M the median time of
 ``F.linear`` on a bf16 [32000, 4096] weight (262 MB) and of ``awq::int8_linear`` on its int8
 quantization (131 MB + 128 KB of fp32 scales); each call streams a weight far larger than the L3,
-so every call is cold without rotating copies. Methods interleaved call by call.
+so every call is cold without rotating copies. Methods interleaved call by call, with the
+bandwidth probe of bench_decode (256 MiB) as one more method: shares are relative to it.
 
 Accuracy, int8 head against the bf16 head it was quantized from:
 * the packaged tiny real Llama (trained, awq_inductor/data/tiny_llama) teacher-forced over its
@@ -27,18 +28,21 @@ import torch.nn.functional as F
 
 from awq_inductor import int8_head, tiny_model
 from awq_inductor.nn.head import Int8HeadLinear
-from bench_decode import read_bandwidth  # noqa: E402  (benchmarks/ is sys.path[0])
+from bench_decode import probe_calls, read_bandwidth  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
-def time_heads(N, K, ms, reps, bw_gbs):
+def time_heads(N, K, ms, reps, threads):
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(N, K, generator=g) * 0.02).to(torch.bfloat16)
     q, s = int8_head.quantize_per_channel(w)
+    (probe,), probe_bytes = probe_calls(threads, 256 << 20)
     rows = []
     for M in ms:
         x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-        fns = {"bf16_linear": lambda: F.linear(x, w), "int8_head": lambda: int8_head.int8_linear(x, q, s)}
-        nbytes = {"bf16_linear": w.numel() * 2, "int8_head": q.numel() + s.numel() * 4}
+        fns = {"bf16_linear": lambda: F.linear(x, w), "int8_head": lambda: int8_head.int8_linear(x, q, s),
+               "probe": lambda: probe(None)}
+        nbytes = {"bf16_linear": w.numel() * 2, "int8_head": q.numel() + s.numel() * 4,
+                  "probe": probe_bytes - (M * K + M * N) * 2}
         ts = {k: [] for k in fns}
         for f in fns.values():
             f()
@@ -50,8 +54,9 @@ def time_heads(N, K, ms, reps, bw_gbs):
         row = {"N": N, "K": K, "M": M}
         for k in fns:
             ms_ = statistics.median(ts[k]) * 1e3
-            gbs = (nbytes[k] + (M * K + M * N) * 2) / (ms_ * 1e-3) / 1e9
-            row.update({f"{k}_ms": ms_, f"{k}_gbs": gbs, f"{k}_share": gbs / bw_gbs})
+            row.update({f"{k}_ms": ms_, f"{k}_gbs": (nbytes[k] + (M * K + M * N) * 2) / (ms_ * 1e-3) / 1e9})
+        for k in fns:  # share of the probe's bandwidth measured in the same interleaved reps
+            row[f"{k}_share"] = row[f"{k}_gbs"] / row["probe_gbs"]
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
@@ -106,17 +111,18 @@ def main(argv=None):
     torch.set_num_threads(a.threads)
     load = os.getloadavg()
     bw = read_bandwidth(a.threads)
-    speed = time_heads(a.vocab, a.hidden, [int(m) for m in a.m.split(",")], a.reps, bw["probe_gbs"])
+    speed = time_heads(a.vocab, a.hidden, [int(m) for m in a.m.split(",")], a.reps, a.threads)
     acc = {"tiny_llama (real, held-out text)": tiny_llama_accuracy(),
            f"random {a.vocab}x{a.hidden} head": random_head_accuracy(a.vocab, a.hidden)}
     lines = [f"threads={a.threads} torch={torch.__version__} load_avg_before={load[0]:.2f}; read bandwidth "
              f"{bw['probe_gbs']:.1f} GB/s (probe), torch.sum {bw['torch_sum_gbs']:.1f} GB/s", "",
-             "| N | K | M | bf16 F.linear ms | GB/s | share | int8 head ms | GB/s | share | int8 / bf16 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "share = GB/s / the probe's (256 MiB stream) measured interleaved in the same reps", "",
+             "| N | K | M | bf16 F.linear ms | GB/s | share | int8 head ms | GB/s | share | int8 / bf16 | probe GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in speed:
         lines.append(f"| {r['N']} | {r['K']} | {r['M']} | {r['bf16_linear_ms']:.3f} | {r['bf16_linear_gbs']:.1f} | "
                      f"{r['bf16_linear_share']:.0%} | {r['int8_head_ms']:.3f} | {r['int8_head_gbs']:.1f} | "
-                     f"{r['int8_head_share']:.0%} | {r['int8_head_ms'] / r['bf16_linear_ms']:.2f} |")
+                     f"{r['int8_head_share']:.0%} | {r['int8_head_ms'] / r['bf16_linear_ms']:.2f} | {r['probe_gbs']:.1f} |")
     lines += ["", "| int8 head vs bf16 head | positions | max rel logit err | mean rel logit err | greedy agreement "
               "| ppl bf16 head | ppl int8 head |", "|---|---|---|---|---|---|---|"]
     for k, r in acc.items():
