@@ -6,7 +6,8 @@
 Methods, all on the same quantized weights, side by side in one process: ours compiled
 (backend ``awq_inductor``), ours eager, the gptqmodel-style path (``aten._weight_int4pack_mm_for_cpu``,
 zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The embedding and
-``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints.
+``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints, except ``int8head``: ours
+compiled with the opt-in ``convert(model, lm_head="int8")``.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 import torch
 import transformers
 
-from awq_inductor import patch_transformers
+from awq_inductor import convert, patch_transformers
 from awq_inductor.__main__ import bench
 from awq_inductor.baselines import to_int4pack
 from awq_inductor.testing import build_float_model, save_quantized
@@ -33,7 +34,7 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--methods", default="compiled,eager,int4pack,dense")
+    p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_e2e.json"))
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -54,6 +55,11 @@ def main(argv=None):
         res["ours compiled"] = bench(model, ids, a.new_tokens, "ours compiled (awq_inductor)")
         model.forward = fwd
         print(f"  (compile + warm-up {time.perf_counter() - t0:.1f}s)")
+    if "int8head" in methods:  # the opt-in int8 lm_head on the same model (a copy; compiled)
+        m8 = convert(copy.deepcopy(model), lm_head="int8")
+        m8.forward = torch.compile(m8.forward, backend="awq_inductor")
+        res["ours compiled, int8 head"] = bench(m8, ids, a.new_tokens, "ours compiled, int8 lm_head")
+        del m8
     if "eager" in methods:
         res["ours eager"] = bench(model, ids, a.new_tokens, "ours eager")
     if "int4pack" in methods:
@@ -65,12 +71,13 @@ def main(argv=None):
     dense = res.get("dense bf16")
     print(f"\nthreads={a.threads} layers={a.layers} hidden={a.hidden} inter={a.intermediate} "
           f"heads={a.heads}/{a.kv_heads} vocab={a.vocab} prompt={a.prompt_len} new={a.new_tokens}\n")
-    print("| method | prefill tok/s | decode tok/s | decode vs int4pack | prefill vs dense |")
-    print("|---|---|---|---|---|")
+    print("| method | prefill tok/s | decode tok/s | decode vs int4pack | decode vs dense | prefill vs dense |")
+    print("|---|---|---|---|---|---|")
     for k, (pf, dc, _) in res.items():
         r1 = f"{dc / base[1]:.2f}x" if base else ""
+        r3 = f"{dc / dense[1]:.2f}x" if dense else ""
         r2 = f"{pf / dense[0]:.2f}x" if dense else ""
-        print(f"| {k} | {pf:.1f} | {dc:.2f} | {r1} | {r2} |")
+        print(f"| {k} | {pf:.1f} | {dc:.2f} | {r1} | {r3} | {r2} |")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"args": vars(a), "results": {k: v[:2] for k, v in res.items()}}, f, indent=1)

@@ -46,3 +46,15 @@ def test_bench_report_smoke(tmp_path):
     assert r["guarantee"] in ("ok", "SLOWER") and r["GB/s"] > 0 and r["TFLOP/s"] > 0
     text = open(tmp_path / "r.md").read()
     assert "tuner (1 shapes): cold" in text and "not repeatable" in text and "| <= 1.05x best |" in text
+
+
+def test_bench_decode_smoke(tmp_path):
+    path = os.path.join(os.path.dirname(BENCH), "bench_decode.py")
+    spec = importlib.util.spec_from_file_location("bench_decode", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--smoke", "--out", str(tmp_path), "--threads", "1"])
+    assert [r["M"] for r in rows] == [1, 8]
+    for r in rows:
+        assert r["ours_ms"] > 0 and r["aten_ms"] > 0 and 0 < r["ours_share"] and r["copies"] >= 2
+    assert "| ours share |" in open(tmp_path / "bench_decode_smoke.md").read()

@@ -90,3 +90,16 @@ def test_bad_input(over, match):
     a = _args(**over)
     with pytest.raises(ValueError, match=match):
         OP(a["x"], a["qweight"], a["scales"], a["zeros"], a["bias"], a["group_size"], a["out_features"])
+
+
+@pytest.mark.parametrize("M", range(1, 9))
+@pytest.mark.parametrize("K,N,G", [(512, 200, 128), (384, 96, 384), (256, 64, 32)])
+def test_decode_rows_bf16(M, K, N, G):
+    """bf16 M = 1..8 (the one-pass decode kernel; N = 200 leaves a 1-panel last tile, G = K one
+    group): each row within bf16 output rounding of the fp32 reference."""
+    qw, s, z, b = random_packed(N, K, G, bias=True, seed=M * 7 + K)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(torch.bfloat16)
+    y = OP(x, qw, s, z, b, G, N).float()
+    ref = ops.reference("int4_mm", x.float(), qw, s, z, b, G, N)
+    scale = ref.abs().amax(dim=1, keepdim=True)
+    torch.testing.assert_close(y / scale, ref / scale, rtol=0, atol=4e-3)

@@ -60,6 +60,7 @@ from ..formats import AWQ_FORMATS, GPTQ_FORMATS, checkpoint_shapes
 from ..nn import CheckpointInt4Linear, CheckpointMoEExperts, ScaledActivation
 from ..nn.moe import EXPERT_NAMES
 from ..schemes import scheme_for
+from ..transform.model_pass import LM_HEAD_CHOICES
 #: model_type -> (activation attribute, linear feeding it): AWQ stores ``<mlp>.<act>.scales``.
 ACT_SCALES_MAPPINGS = {
     "starcoder2": ("act", "c_fc"),
@@ -73,7 +74,7 @@ ACT_SCALES_MAPPINGS = {
 }
 _QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 
-_state = {"act_quant": None}
+_state = {"act_quant": None, "lm_head": None}
 
 
 class CheckpointError(ValueError):
@@ -388,7 +389,7 @@ class _InductorQuantizer(HfQuantizer):
             raise CheckpointError(
                 f"awq_inductor: {len(not_loaded)} model tensors were not found in the checkpoint and would be "
                 f"randomly initialised: {_fmt_list(not_loaded)}")
-        transform.convert(model, act_quant=_state["act_quant"])
+        transform.convert(model, act_quant=_state["act_quant"], lm_head=_state["lm_head"])
         return model
 
     def get_state_dict_and_metadata(self, model):
@@ -436,14 +437,17 @@ class GptqInductorQuantizer(_InductorQuantizer):
         return fmt
 
 
-def patch_transformers(act_quant: Optional[str] = None) -> None:
+def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] = None) -> None:
     """Make transformers 5.x load AWQ and GPTQ int4 checkpoints on CPU into awq_inductor modules.
 
     Idempotent. ``act_quant`` picks the scheme every loaded int4 linear (and fused SiLU-gated MLP)
     is packed for: ``None`` (W4A16: bf16/fp16/fp32 activations) or ``"int8"`` (W4A8: activations
-    quantized per token to int8 inside the kernel).
+    quantized per token to int8 inside the kernel). ``lm_head``: None (the checkpoint's float head)
+    or ``"int8"`` (quantized per output channel at load time, ``convert(model, lm_head="int8")``).
     """
     scheme_for(act_quant)  # validates the choice
+    if lm_head not in LM_HEAD_CHOICES:
+        raise ValueError(f"lm_head: expected one of {LM_HEAD_CHOICES}, got {lm_head!r}")
     major = int(transformers.__version__.split(".")[0])
     if major != 5:
         raise RuntimeError(f"awq_inductor needs transformers 5.x, found {transformers.__version__}")
@@ -451,3 +455,4 @@ def patch_transformers(act_quant: Optional[str] = None) -> None:
     qauto.AUTO_QUANTIZER_MAPPING["gptq"] = GptqInductorQuantizer
     qauto.AUTO_QUANTIZATION_CONFIG_MAPPING["awq"] = AwqConfig
     _state["act_quant"] = act_quant
+    _state["lm_head"] = lm_head

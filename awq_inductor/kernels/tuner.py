@@ -66,6 +66,7 @@ MIN_GAIN = 1.03
 #: rows on is dropped (below that, timings of a few microseconds on a shared machine are noise).
 DROP_RATIO = 2.0
 DROP_MIN_M = 32
+BF16_F32_MIN_M = 9  # = csrc_templates/runtime/driver.h.j2 Thresholds::bf16_f32_min_m
 THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 
 
@@ -92,8 +93,9 @@ class Plan:
 
 
 def default_plan() -> Plan:
-    """The constants (``config.amx_min_m``, ``config.panel_min_m``, 3 rows for bf16 -> fp32, no dense)."""
-    return Plan(int(config.amx_min_m), int(config.panel_min_m), 3)
+    """The constants (``config.amx_min_m``, ``config.panel_min_m``, bf16 -> fp32 from 9 rows: the
+    decode kernel reads the weights once for up to 8 rows, no dense)."""
+    return Plan(int(config.amx_min_m), int(config.panel_min_m), BF16_F32_MIN_M)
 
 
 def forced_plan(values: dict) -> Plan:

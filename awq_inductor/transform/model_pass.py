@@ -60,9 +60,13 @@ from torch import nn
 
 from .. import formats, packing
 from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
+from ..nn.head import quantize_lm_head
 from ..progress import track
 from ..schemes import scheme_for
 from . import load_memory, moe as moe_pass
+
+#: ``convert(model, lm_head=...)``: None keeps the loaded head, "int8" quantizes it per channel.
+LM_HEAD_CHOICES = (None, "int8")
 
 #: (fused attribute, parts in output order)
 FUSIONS = (
@@ -422,7 +426,7 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
 # Entry points
 # ---------------------------------------------------------------------------------------------
 def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = True,
-            progress: Optional[bool] = None) -> nn.Module:
+            progress: Optional[bool] = None, lm_head: Optional[str] = None) -> nn.Module:
     """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
 
     Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear and
@@ -430,8 +434,13 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     ``awq::int4_mm_a8_silu_mul``, dynamic per-token int8 activations; a later ``convert(model)``
     packs them back to W4A16).
     ``progress``: a tqdm bar over the replaced modules (None: on a terminal only).
+    ``lm_head``: None (the head stays as loaded) or "int8" (opt-in: the output projection becomes
+    an :class:`~awq_inductor.nn.head.Int8HeadLinear`, per-channel symmetric int8 with fp32 scales,
+    half the bytes per decoded token; a tied input embedding keeps its own float table).
     """
     scheme_for(act_quant)  # validates the choice
+    if lm_head not in LM_HEAD_CHOICES:
+        raise ValueError(f"lm_head: expected one of {LM_HEAD_CHOICES}, got {lm_head!r}")
     # Names only: each checkpoint module is dropped as soon as it is replaced, so loading never
     # holds the whole checkpoint and the whole packed model at once (peak load memory).
     # The checkpoint pages a converted module was read from are released (load_memory).
@@ -461,6 +470,7 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     for name, mod in list(model.named_modules()):
         if isinstance(mod, (AWQLinear, AWQGateUpSiluMul)) and mod.act_quant != act_quant:
             model.set_submodule(name, mod.with_act_quant(act_quant))
+    quantize_lm_head(model, lm_head)
     model._awq_inductor_converted = True
     return model
 

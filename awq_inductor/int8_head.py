@@ -1,0 +1,119 @@
+"""The opt-in int8 ``lm_head`` (``convert(model, lm_head="int8")``): the op and its quantizer.
+
+    awq::int8_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias) -> Tensor
+
+``weight`` int8 [N, K] (per output channel, symmetric: ``round(w / s)`` clamped to +-127),
+``scales`` fp32 [N] (``max |w[n]| / 127``), ``bias`` fp32 [N] or None; ``x`` [M, K] bf16, fp16 or
+fp32; returns ``x @ (weight * scales[:, None]).T (+ bias)`` in x's dtype. Half the bytes of a bf16
+head, and decode is memory-bound. Up to :data:`GEMV_MAX_M` rows run our C++ GEMV
+(``csrc_templates/head/int8_linear.cpp.j2``: one pass over the weights per 4 rows); more rows (a
+full-sequence forward) dequantize the weight in chunks of channels and use ``F.linear``.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from . import config
+
+GEMV_MAX_M = 8
+_CHUNK = 4096  # channels dequantized at a time for M > GEMV_MAX_M (32 MiB fp32 at K = 2048)
+SCHEMA = "(Tensor x, Tensor weight, Tensor scales, Tensor? bias) -> Tensor"
+
+
+def quantize_per_channel(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (any float dtype) -> (int8 [N, K], fp32 scales [N]); all-zero channels get scale 1."""
+    if w.dim() != 2 or not w.is_floating_point():
+        raise ValueError(f"weight: expected a floating [N, K] tensor, got {w.dtype} {list(w.shape)}")
+    wf = w.detach().to(torch.float32)
+    amax = wf.abs().amax(dim=1)
+    if not torch.isfinite(amax).all():
+        bad = int((~torch.isfinite(amax)).nonzero()[0])
+        raise ValueError(f"weight: channel {bad} has NaN/Inf values; cannot quantize to int8")
+    s = torch.where(amax > 0, amax / 127, torch.ones_like(amax))
+    q = torch.round(wf / s[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, s
+
+
+def check_args(x, weight, scales, bias) -> None:
+    """ValueError naming the tensor, the expected and the actual value (works on fake tensors)."""
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or x.dim() != 2:
+        raise ValueError(f"x: expected a bf16/fp16/fp32 [M, K] tensor, got {x.dtype} {list(x.shape)}")
+    if weight.dtype != torch.int8 or weight.dim() != 2:
+        raise ValueError(f"weight: expected int8 [N, K], got {weight.dtype} {list(weight.shape)}")
+    N, K = weight.shape
+    if x.shape[1] != K:
+        raise ValueError(f"x: expected last dim K={K} (weight {list(weight.shape)}), got {x.shape[1]}")
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (N,):
+        raise ValueError(f"scales: expected float32 [{N}], got {scales.dtype} {list(scales.shape)}")
+    if bias is not None and (bias.dtype != torch.float32 or tuple(bias.shape) != (N,)):
+        raise ValueError(f"bias: expected float32 [{N}], got {bias.dtype} {list(bias.shape)}")
+
+
+def reference(x, weight, scales, bias) -> torch.Tensor:
+    """fp32 oracle (tests)."""
+    y = x.float() @ (weight.float() * scales[:, None]).t()
+    return (y if bias is None else y + bias).to(x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(isa: str):
+    from .kernels import codegen, native
+
+    src = codegen.env().get_template("head/int8_linear.cpp.j2").render(isa=isa)
+    flags = [] if isa == "portable" else ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"]
+    fn = ctypes.CDLL(native.build(src, flags, name="awq_int8_linear", isa=isa)).awq_int8_linear_f32
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [vp, i64, vp, vp, vp, i64, i64, ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+def _gemv(x, weight, scales) -> torch.Tensor:
+    from .kernels import isa as isa_mod
+
+    isa = "portable" if isa_mod.select() == "portable" else "avx512"
+    M, K = x.shape
+    N = weight.shape[0]
+    xf = x.to(torch.float32).contiguous()
+    y = torch.empty((M, N), dtype=torch.float32)
+    nt = config.num_threads or torch.get_num_threads()
+    _kernel(isa)(xf.data_ptr(), M, weight.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K, nt)
+    return y
+
+
+def _chunked(x, weight, scales) -> torch.Tensor:
+    out = []
+    for n0 in range(0, weight.shape[0], _CHUNK):
+        w = weight[n0:n0 + _CHUNK].to(torch.float32) * scales[n0:n0 + _CHUNK, None]
+        out.append(F.linear(x, w.to(x.dtype)).to(torch.float32) if x.dtype != torch.float32 else F.linear(x, w))
+    return torch.cat(out, dim=1)
+
+
+def _cpu(x, weight, scales, bias):
+    check_args(x, weight, scales, bias)
+    if x.shape[0] == 0:
+        return x.new_empty((0, weight.shape[0]))
+    y = _gemv(x, weight.contiguous(), scales) if x.shape[0] <= GEMV_MAX_M else _chunked(x, weight, scales)
+    if bias is not None:
+        y = y + bias
+    return y.to(x.dtype)
+
+
+def _fake(x, weight, scales, bias):
+    check_args(x, weight, scales, bias)
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+torch.library.define("awq::int8_linear", SCHEMA)
+torch.library.register_fake("awq::int8_linear", _fake)
+torch.library.impl("awq::int8_linear", "CPU", _cpu)
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return torch.ops.awq.int8_linear(x, weight, scales, bias)

@@ -1,0 +1,233 @@
+"""Decode at the memory limit: the machine's cold read bandwidth and each kernel's share of it.
+
+    python benchmarks/bench_decode.py                     # four Llama-7B shapes, M = 1, 2, 4, 8
+    python benchmarks/bench_decode.py --shapes 4096x11008 --m 1,8 --reps 30
+    python benchmarks/bench_decode.py --smoke             # seconds-long harness check
+
+The probe streams a 1 GiB buffer (far larger than any L3 here) with our own tiny AVX512 C++
+reduction, all threads, built with the package's toolchain (:func:`awq_inductor.kernels.native.build`);
+the best of several passes is the machine's read bandwidth. ``torch.sum`` over the same buffer is
+printed beside it as a cross-check.
+
+Each layer is timed cold: ``copies`` independent copies of its weights, together at least
+``--cold-bytes`` (default 256 MiB, 8x a 32 MiB L3), are used in rotation, so every call reads
+weights that were evicted since their last use (no flush buffer: a flush leaves dirty lines whose
+write-back would be charged to the kernel). Methods are interleaved call by call: ours (the op's
+eager kernel, ``awq::int4_mm``) and ``aten._weight_int4pack_mm_for_cpu`` (the gptqmodel path).
+
+Bytes per call: packed weights + scales + zeros of the method's own layout + x + y. GB/s is
+bytes / median time; ``share`` is GB/s / the GB/s of the probe (a 256 MiB stream) timed as one more
+method in the same interleaved reps, so a machine shared with other jobs loads both alike.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import sys
+import time
+import types
+
+import torch
+
+import awq_inductor
+from awq_inductor import AWQLinear
+from awq_inductor.baselines import Int4PackLinear
+from awq_inductor.kernels import native
+
+LLAMA7B = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]
+
+_PROBE_SRC = r"""
+#include <immintrin.h>
+#include <cstdint>
+#include <omp.h>
+// Sum of 64-bit words over n bytes (n % 1024 == 0): each thread takes a contiguous share and reads
+// it as 4 concurrent sequential streams (its 4 quarters, one 64-byte line each per step, four
+// independent AVX512 accumulators); a pure streaming read, nothing written. (One stream per thread
+// measured 10-20% below the decode kernel's two panel streams on one core.)
+extern "C" uint64_t awq_probe_read(const uint8_t* p, int64_t n, int threads) {
+  uint64_t total = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lines = n / 64 / 4 * 4;
+    const int64_t l0 = lines * t / nt / 4 * 4, l1 = lines * (t + 1) / nt / 4 * 4;
+    const int64_t q = (l1 - l0) / 4;
+    const __m512i* s = (const __m512i*)p + l0;
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < q; ++i) {
+      a0 = _mm512_add_epi64(a0, _mm512_load_si512(s + i));
+      a1 = _mm512_add_epi64(a1, _mm512_load_si512(s + q + i));
+      a2 = _mm512_add_epi64(a2, _mm512_load_si512(s + 2 * q + i));
+      a3 = _mm512_add_epi64(a3, _mm512_load_si512(s + 3 * q + i));
+    }
+    total += _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  }
+  return total;
+}
+"""
+
+
+def _probe_fn():
+    so = native.build(_PROBE_SRC, ["-mavx512f", "-mavx512bw"], name="awq_bw_probe", isa="avx512")
+    lib = ctypes.CDLL(so)
+    lib.awq_probe_read.restype = ctypes.c_uint64
+    lib.awq_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    return lib.awq_probe_read
+
+
+def probe_calls(threads: int, nbytes: int, copies: int = 1):
+    """Callables streaming ``nbytes`` (far larger than the L3: cold by itself): the probe as a "method"
+    interleaved with the kernels, so its median sees the same machine load as theirs."""
+    fn = _probe_fn()
+    bufs = [torch.ones(nbytes // 8, dtype=torch.int64) for _ in range(copies)]
+    return [lambda x, b=b: fn(b.data_ptr(), nbytes, threads) for b in bufs], nbytes
+
+
+def read_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 7) -> dict:
+    """Best-of-``reps`` GB/s of our streaming read over ``nbytes`` and of ``torch.sum`` (int64 view)."""
+    lib = types.SimpleNamespace(awq_probe_read=_probe_fn())
+    buf = torch.ones(nbytes // 8, dtype=torch.int64)  # touched: pages are mapped before timing
+    ours, tsum = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lib.awq_probe_read(buf.data_ptr(), nbytes, threads)
+        ours.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        buf.sum()
+        tsum.append(time.perf_counter() - t0)
+    return {"bytes": nbytes, "probe_gbs": nbytes / min(ours) / 1e9, "torch_sum_gbs": nbytes / min(tsum) / 1e9}
+
+
+def make_layer(K, N, G, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
+    s = (torch.rand(N, K // G, generator=g) * 0.01 + 0.001).to(torch.float16)
+    return q, z, s
+
+
+def _nbytes(mod) -> int:
+    return sum(b.numel() * b.element_size() for b in mod.buffers() if b is not None)
+
+
+def build_copies(K, N, G, dtype, cold_bytes):
+    """``copies`` independent (ours, aten) layer pairs, at least ``cold_bytes`` of our weights."""
+    q, z, s = make_layer(K, N, G, seed=0)
+    first = AWQLinear.from_canonical(q, z, s, group_size=G)
+    n = max(2, -(-cold_bytes // _nbytes(first)))
+    ours = [first] + [AWQLinear.from_canonical(q, z, s, group_size=G) for _ in range(n - 1)]
+    aten = [Int4PackLinear(q, z, s, None, G, dtype) for _ in range(n)]
+    return ours, aten
+
+
+def compiled_calls(ours):
+    """One ``torch.compile`` (backend awq_inductor, static M) of the op with the weights as graph
+    inputs, called on each copy: the generated C++ kernel without the eager op's Python checks."""
+    lin = ours[0]
+
+    def f(x, qweight, scales, zeros):
+        return torch.ops.awq.int4_mm(x, qweight, scales, zeros, None, lin.group_size, lin.out_features)
+
+    cf = torch.compile(f, backend="awq_inductor", dynamic=False)
+    # rotated by half the copies: the eager call just before read ours[i], which must stay cold here
+    h = len(ours) // 2
+    return [lambda x, m=m: cf(x, m.qweight, m.scales, m.zeros) for m in ours[h:] + ours[:h]]
+
+
+def time_interleaved(fns: dict, x, reps: int) -> dict:
+    """Median ms per method; each rep calls every method once on its next (cold) copy."""
+    ts = {k: [] for k in fns}
+    n = {k: len(v) for k, v in fns.items()}
+    for k, copies in fns.items():  # warm-up: builds kernels, faults pages in
+        for c in copies[:2]:
+            c(x)
+    i = 0
+    for _ in range(reps):
+        for k, copies in fns.items():
+            c = copies[i % n[k]]
+            t0 = time.perf_counter()
+            c(x)
+            ts[k].append(time.perf_counter() - t0)
+        i += 1
+    return {k: statistics.median(v) * 1e3 for k, v in ts.items()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in LLAMA7B), help="KxN,KxN,...")
+    p.add_argument("--m", default="1,2,4,8")
+    p.add_argument("--group-size", type=int, default=128)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--cold-bytes", type=int, default=256 << 20)
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    p.add_argument("--tag", default="bench_decode")
+    p.add_argument("--compiled", action="store_true", help="also time the torch.compile'd op (generated kernel)")
+    p.add_argument("--smoke", action="store_true")
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.shapes, a.m, a.reps, a.cold_bytes, a.tag = "256x320", "1,8", 3, 1 << 20, a.tag + "_smoke"
+    torch.set_num_threads(a.threads)
+    dtype = getattr(torch, a.dtype)
+    load = os.getloadavg()
+    bw = read_bandwidth(a.threads, nbytes=(64 << 20) if a.smoke else (1 << 30))
+    print(f"read bandwidth ({a.threads} threads, {bw['bytes'] >> 20} MiB): probe {bw['probe_gbs']:.1f} GB/s, "
+          f"torch.sum {bw['torch_sum_gbs']:.1f} GB/s; load average {load[0]:.2f}", file=sys.stderr, flush=True)
+    probe, probe_bytes = probe_calls(a.threads, (4 << 20) if a.smoke else (256 << 20))
+    rows = []
+    with torch.no_grad():
+        for shape in a.shapes.split(","):
+            K, N = (int(v) for v in shape.split("x"))
+            ours, aten = build_copies(K, N, a.group_size, dtype, a.cold_bytes)
+            for M in (int(m) for m in a.m.split(",")):
+                x = torch.randn(M, K).to(dtype)
+                io = (M * K + M * N) * x.element_size()
+                fns = {"ours": ours, "aten": aten, "probe": probe}
+                if a.compiled:
+                    fns["compiled"] = compiled_calls(ours)
+                t = time_interleaved(fns, x, a.reps)
+                row = {"K": K, "N": N, "M": M, "copies": len(ours), "ours_bytes": _nbytes(ours[0]) + io,
+                       "aten_bytes": _nbytes(aten[0]) + io, "probe_bytes": probe_bytes}
+                row["compiled_bytes"] = row["ours_bytes"]
+                for k in fns:
+                    row[f"{k}_ms"] = t[k]
+                    row[f"{k}_gbs"] = row[f"{k}_bytes"] / (row[f"{k}_ms"] * 1e-3) / 1e9
+                for k in fns:  # share of the bandwidth the probe measured in the same interleaved reps
+                    row[f"{k}_share"] = row[f"{k}_gbs"] / row["probe_gbs"]
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+            del ours, aten
+    by_shape = {}
+    for r in rows:
+        by_shape.setdefault((r["K"], r["N"]), {})[r["M"]] = r["ours_ms"]
+    lines = [f"threads={a.threads} dtype={a.dtype} G={a.group_size} torch={torch.__version__} "
+             f"awq_inductor={awq_inductor.__version__} load_avg_before={load[0]:.2f}",
+             f"read bandwidth: probe {bw['probe_gbs']:.1f} GB/s (1 GiB stream, best of 7), "
+             f"torch.sum {bw['torch_sum_gbs']:.1f} GB/s", "",
+             "share = GB/s / the probe's GB/s (256 MiB stream) measured interleaved in the same reps", "",
+             "| K | N | M | ours ms | aten ms | ours/aten | ours GB/s | ours share | aten GB/s | aten share "
+             "| ours / ours(M=1) | compiled ms | compiled share | probe GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m1 = by_shape[(r["K"], r["N"])].get(1)
+        rel = f"{r['ours_ms'] / m1:.2f}" if m1 else ""
+        comp = f"{r['compiled_ms']:.3f} | {r['compiled_share']:.0%}" if "compiled_ms" in r else " | "
+        lines.append(f"| {r['K']} | {r['N']} | {r['M']} | {r['ours_ms']:.3f} | {r['aten_ms']:.3f} | "
+                     f"{r['ours_ms'] / r['aten_ms']:.2f} | {r['ours_gbs']:.1f} | {r['ours_share']:.0%} | "
+                     f"{r['aten_gbs']:.1f} | {r['aten_share']:.0%} | {rel} | {comp} | {r['probe_gbs']:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, a.tag + ".json"), "w") as f:
+        json.dump({"args": vars(a), "bandwidth": bw, "load_avg": load, "rows": rows}, f, indent=1)
+    with open(os.path.join(a.out, a.tag + ".md"), "w") as f:
+        f.write(table + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The opt-in int8 lm_head: awq::int8_linear against its oracle, quantization error bounds, the
+model pass and transformers loading (tied embeddings keep their float table)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from awq_inductor import convert, int8_head
+from awq_inductor.nn.head import Int8HeadLinear
+
+transformers = pytest.importorskip("transformers")
+
+from awq_inductor import testing  # noqa: E402
+from awq_inductor.integrations import transformers as awq_hf  # noqa: E402
+
+
+def _weights(N, K, seed=0, bias=True):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(N, K, generator=g) * 0.05
+    b = torch.randn(N, generator=g) if bias else None
+    q, s = int8_head.quantize_per_channel(w)
+    return w, q, s, b
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3), (torch.float16, 2e-3)])
+@pytest.mark.parametrize("M", [0, 1, 3, 4, 5, 8, 9, 33])
+def test_op_matches_reference(dtype, tol, M):
+    """K = 200 (not a multiple of 16: masked tail), N = 37 (not a multiple of 4 channels); M > 8
+    takes the chunked dequantize path."""
+    _, q, s, b = _weights(37, 200, seed=M)
+    x = torch.randn(M, 200, generator=torch.Generator().manual_seed(M + 1)).to(dtype)
+    y = int8_head.int8_linear(x, q, s, b)
+    assert y.shape == (M, 37) and y.dtype == dtype
+    ref = int8_head.reference(x, q, s, b).float()
+    scale = ref.abs().max().clamp_min(1e-6) if M else 1.0
+    torch.testing.assert_close(y.float() / scale, ref / scale, rtol=0, atol=tol)
+
+
+def test_quantization_error_bounds():
+    """Elementwise |w - dequant| <= s / 2 (round to nearest, no clipping: s = max|w| / 127), and
+    each row's largest logit error within 2% (max over rows) / 1% (mean) of its largest |logit|:
+    the rounding error per logit has std ~ (max|w| / 127) / sqrt(12) * sqrt(K) |x|, about 0.6% of
+    the logits' std for Gaussian weights, and the largest of 512 channels ~3 stds of either."""
+    w, q, s, _ = _weights(512, 256, bias=False)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and int(q.abs().max()) == 127
+    err = (q.float() * s[:, None] - w).abs()
+    assert bool((err <= s[:, None] / 2 * (1 + 1e-6)).all())
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    ref = x @ w.t()
+    y = int8_head.int8_linear(x, q, s)
+    rel = (y - ref).abs().amax(dim=1) / ref.abs().amax(dim=1)
+    assert float(rel.max()) < 2e-2 and float(rel.mean()) < 1e-2, (float(rel.max()), float(rel.mean()))
+
+
+def test_quantize_zero_channel_and_nonfinite():
+    w = torch.randn(4, 32)
+    w[1] = 0
+    q, s = int8_head.quantize_per_channel(w)
+    assert float(s[1]) == 1.0 and int(q[1].abs().max()) == 0
+    w[2, 5] = float("inf")
+    with pytest.raises(ValueError, match="channel 2"):
+        int8_head.quantize_per_channel(w)
+
+
+@pytest.mark.parametrize("over,match", [
+    ({"x": torch.randn(2, 31)}, "x: expected last dim K=32"),
+    ({"weight": torch.zeros(8, 32, dtype=torch.uint8)}, "weight: expected int8"),
+    ({"scales": torch.ones(8, dtype=torch.bfloat16)}, r"scales: expected float32 \[8\]"),
+    ({"bias": torch.ones(7)}, r"bias: expected float32 \[8\]"),
+])
+def test_bad_input(over, match):
+    args = {"x": torch.randn(2, 32), "weight": torch.zeros(8, 32, dtype=torch.int8), "scales": torch.ones(8),
+            "bias": None, **over}
+    with pytest.raises(ValueError, match=match):
+        int8_head.int8_linear(args["x"], args["weight"], args["scales"], args["bias"])
+
+
+def _tied_model():
+    cfg = testing.tiny_config("llama", tie_word_embeddings=True)
+    return testing.build_float_model(cfg, seed=0)
+
+
+def test_convert_int8_head_tied_embedding():
+    model = _tied_model()
+    emb = model.get_input_embeddings().weight
+    assert model.lm_head.weight is emb  # tied
+    emb_before = emb.detach().clone()
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids).logits
+        convert(model, lm_head="int8")
+        assert isinstance(model.lm_head, Int8HeadLinear)
+        assert model.get_input_embeddings().weight.dtype == torch.float32
+        assert torch.equal(model.get_input_embeddings().weight, emb_before)  # the embedding is untouched
+        y = model(ids).logits
+        convert(model, lm_head="int8")  # idempotent
+        assert torch.equal(model(ids).logits, y)
+    rel = (y - ref).abs().amax(dim=-1) / ref.abs().amax(dim=-1)
+    assert float(rel.max()) < 3e-2, float(rel.max())
+    assert float((y.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+
+
+def test_bad_lm_head_choice():
+    with pytest.raises(ValueError, match="lm_head: expected one of"):
+        convert(_tied_model(), lm_head="int4")
+    with pytest.raises(ValueError, match="lm_head: expected one of"):
+        awq_hf.patch_transformers(lm_head="fp8")
+
+
+def test_patch_transformers_int8_head_compiled(tmp_path):
+    cfg = testing.tiny_config("llama")
+    ref = testing.save_quantized(testing.build_float_model(cfg), str(tmp_path / "m"), group_size=32)
+    try:
+        awq_hf.patch_transformers(lm_head="int8")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.bfloat16).eval()
+    finally:
+        awq_hf.patch_transformers()
+    assert isinstance(model.lm_head, Int8HeadLinear)
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        eager = model(ids).logits.float()
+        compiled = torch.compile(model.forward, backend="awq_inductor")(ids).logits.float()
+        dense = ref.to(torch.bfloat16)(ids).logits.float()
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=2e-2 * float(eager.abs().max()))
+    rel = (eager - dense).abs().amax(dim=-1) / dense.abs().amax(dim=-1)
+    assert float(rel.max()) < 0.1, float(rel.max())
