@@ -52,7 +52,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -74,7 +74,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -96,7 +96,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -118,7 +118,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -140,7 +140,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -162,7 +162,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -199,7 +199,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, nullptr, N, K, G, 4,
-        awq::Thresholds{5, 8, 3},  // plan: default
+        awq::Thresholds{5, 8, 9},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             // tiles are 64 wide and 64-aligned (I % 32 == 0): columns [n_start, n_start + 32) are gate,
             // [n_start + 32, n_end) up, for the outputs [o_start, o_start + 32)
