@@ -105,7 +105,7 @@ def unigram_perplexity(train_ids, held_ids, vocab):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=DEFAULT_OUT)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
