@@ -273,13 +273,18 @@ def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_B
 
 
 def noisy_buckets(cands: Dict[str, Plan], times: Dict[str, Dict[int, float]], timer: Timer) -> List[int]:
-    """The buckets whose fastest path, timed again, differs from its first time by more than
-    ``NOISE`` (a preempted run on a loaded machine)."""
+    """The buckets whose choice does not repeat: the fastest and the second-fastest path, timed
+    again, and the first now slower than the second by more than ``NOISE`` (a preempted run on a
+    loaded machine). The times themselves need not repeat: the two-slice prediction of a full call
+    varies by more than 25% between runs on the idle VM (3 of the 4 Llama-7B shapes were flagged
+    by a check of the winner's time alone), while the choice it supports did not change."""
     out = []
     for m in sorted({m for t in times.values() for m in t}):
-        p = min((q for q in times if m in times[q]), key=lambda q: times[q][m])
-        again = timer(p, cands[p], m)
-        if abs(again - times[p][m]) > NOISE * min(again, times[p][m]):
+        ranked = sorted((q for q in times if m in times[q]), key=lambda q: times[q][m])
+        if len(ranked) < 2:
+            continue
+        first, second = (timer(q, cands[q], m) for q in ranked[:2])
+        if first > (1 + NOISE) * second:
             out.append(m)
     return out
 
