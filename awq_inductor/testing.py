@@ -91,30 +91,36 @@ def moe_experts(model: nn.Module, skip: Iterable[str] = ()):
             if type(m).__name__ in EXPERT_NAMES and _should_quantize(n, skip)]
 
 
-def _quantize_experts(name, mod, names, ref, sd, quant_method, format, group_size, scales_dtype) -> None:
-    """Per-expert checkpoint tensors of one experts module; ``ref`` gets the dequantized experts."""
+def _pack_linear(q, z, s, G: int, quant_method: str, format: str) -> Dict[str, torch.Tensor]:
+    if quant_method == "gptq":
+        qw, qz, sc = formats.pack_gptq(q, z, s, G, format=format)
+        return {"qweight": qw, "qzeros": qz, "scales": sc, "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // G}
+    qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
+    return {"qweight": qw, "qzeros": qz, "scales": sc}
+
+
+def _quantize_experts(name, mod, names, ref, sd, quant_method, format, group_size, scales_dtype,
+                      fused: bool = False) -> None:
+    """Checkpoint tensors of one experts module, per expert (``<name>.<e>.<gate|up|down>.*``) or
+    fused 3-D (``fused``: ``<name>.gate_up_proj.*`` / ``<name>.down_proj.*`` [E, ...], gate|up
+    packed as one linear of 2I outputs); ``ref`` gets the dequantized experts."""
     I = mod.gate_up_proj.shape[1] // 2
     r = ref.get_submodule(name)
+    stacked: Dict[str, list] = {}
     for e in range(mod.gate_up_proj.shape[0]):
         w_gu, w_d = mod.gate_up_proj[e], mod.down_proj[e]
-        for part, w in ((names[0], w_gu[:I]), (names[1], w_gu[I:]), (names[2], w_d)):
+        parts = ((("gate_up_proj", w_gu, r.gate_up_proj[e]), ("down_proj", w_d, r.down_proj[e])) if fused else
+                 ((f"{e}.{names[0]}", w_gu[:I], r.gate_up_proj[e, :I]), (f"{e}.{names[1]}", w_gu[I:], r.gate_up_proj[e, I:]),
+                  (f"{e}.{names[2]}", w_d, r.down_proj[e])))
+        for part, w, dst in parts:
             q, z, s = quantize_weight(w, group_size, scales_dtype)
             G = formats.resolve_group_size(group_size, w.shape[1])
-            key = f"{name}.{e}.{part}"
-            if quant_method == "gptq":
-                qw, qz, sc = formats.pack_gptq(q, z, s, G, format=format)
-                sd[f"{key}.g_idx"] = torch.arange(w.shape[1], dtype=torch.int32) // G
-            else:
-                qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
-            sd[f"{key}.qweight"], sd[f"{key}.qzeros"], sd[f"{key}.scales"] = qw, qz, sc
-            deq = dequantize(q, z, s, G).to(r.gate_up_proj.dtype)
+            for t, v in _pack_linear(q, z, s, G, quant_method, format).items():
+                stacked.setdefault(f"{name}.{part}.{t}", []).append(v)
             with torch.no_grad():
-                if part == names[0]:
-                    r.gate_up_proj[e, :I].copy_(deq)
-                elif part == names[1]:
-                    r.gate_up_proj[e, I:].copy_(deq)
-                else:
-                    r.down_proj[e].copy_(deq)
+                dst.copy_(dequantize(q, z, s, G).to(dst.dtype))
+    for key, vs in stacked.items():
+        sd[key] = torch.stack(vs) if fused else vs[0]
 
 
 def build_float_model(config, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -156,9 +162,11 @@ def quantization_config(quant_method: str, format: str, group_size: int,
 
 def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", format: str = "gemm",
                            group_size: int = 32, modules_to_not_convert: Optional[list] = None,
-                           scales_dtype: torch.dtype = torch.float16, progress: Optional[bool] = None):
+                           scales_dtype: torch.dtype = torch.float16, progress: Optional[bool] = None,
+                           fused_experts: bool = False):
     """(checkpoint state dict, reference float model). See module doc. ``progress``: a tqdm bar
-    (None: on a terminal only)."""
+    (None: on a terminal only). ``fused_experts``: MoE experts as fused 3-D tensors
+    (``mlp.experts.gate_up_proj.qweight`` [E, ...]) instead of per-expert keys."""
     skip = list(modules_to_not_convert or [])
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ref = copy.deepcopy(model)
@@ -167,7 +175,7 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
     linears = [(n, m) for n, m in model.named_modules()
                if isinstance(m, nn.Linear) and m is not out_emb and _should_quantize(n, skip)]
     for name, m, names in moe_experts(model, skip):
-        _quantize_experts(name, m, names, ref, sd, quant_method, format, group_size, scales_dtype)
+        _quantize_experts(name, m, names, ref, sd, quant_method, format, group_size, scales_dtype, fused_experts)
         quantized.add(name)
     for name, m in track(linears, "quantizing", progress):
         q, z, s = quantize_weight(m.weight, group_size, scales_dtype)
@@ -197,14 +205,14 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
 def save_quantized(model: nn.Module, path: str, *, quant_method: str = "awq", format: str = "gemm",
                    group_size: int = 32, modules_to_not_convert: Optional[list] = None,
                    scales_dtype: torch.dtype = torch.float16, extra_tensors: Optional[Dict[str, torch.Tensor]] = None,
-                   progress: Optional[bool] = None):
+                   progress: Optional[bool] = None, fused_experts: bool = False):
     """Quantize ``model`` into a real AWQ/GPTQ checkpoint folder at ``path``; return the
     dequantized float reference model. ``extra_tensors`` are added verbatim (error tests)."""
     from safetensors.torch import save_file
 
     sd, ref = quantize_to_state_dict(model, quant_method=quant_method, format=format, group_size=group_size,
                                      modules_to_not_convert=modules_to_not_convert, scales_dtype=scales_dtype,
-                                     progress=progress)
+                                     progress=progress, fused_experts=fused_experts)
     if extra_tensors:
         sd.update(extra_tensors)
     os.makedirs(path, exist_ok=True)

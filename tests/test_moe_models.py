@@ -204,3 +204,53 @@ def test_gemv_fast_experts_load(tmp_path):
     ids = _ids()
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused 3-D expert checkpoints: mlp.experts.gate_up_proj.{qweight,...} [E, ...], down_proj [E, ...]
+FUSED_CASES = [("qwen3_moe", "awq", "gemm"), ("mixtral", "gptq", "gptq"), ("qwen2_moe", "awq", "gemv_fast")]
+
+
+@pytest.mark.parametrize("arch,qm,fmt", FUSED_CASES, ids=[f"{a}-{f}" for a, _, f in FUSED_CASES])
+def test_fused_experts_load_match_reference_and_save_back(tmp_path, arch, qm, fmt):
+    path, ref = _make(tmp_path, arch, qm, fmt, fused_experts=True)
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert "model.layers.0.mlp.experts.gate_up_proj.qweight" in keys
+    assert not any(".experts.0." in k for k in keys)
+    model, info = _load(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    experts = [m for m in model.modules() if isinstance(m, AWQMoEExperts)]
+    assert len(experts) == model.config.num_hidden_layers and experts[0].num_experts == 8
+    ids = _ids()
+    with torch.no_grad():
+        logits = model(ids).logits
+        torch.testing.assert_close(logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
+    out = str(tmp_path / "saved")
+    model.save_pretrained(out)
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys() if ".experts." in k}
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        for k, v in saved.items():  # the original layout, bit for bit
+            assert torch.equal(v, f.get_tensor(k)), k
+    assert {k for k in keys if ".experts." in k} == set(saved)
+    with torch.no_grad():
+        torch.testing.assert_close(_load(out)(ids).logits, logits, atol=0, rtol=0)
+
+
+def _fewer_fused_experts(sd):
+    for k in [k for k in sd if "layers.1.mlp.experts.down_proj" in k]:
+        sd[k] = sd[k][:-1].contiguous()
+
+
+@pytest.mark.parametrize("edit,match", [
+    (_drop("model.layers.0.mlp.experts.down_proj.qzeros"), r"model\.layers\.0\.mlp\.experts\.down_proj\.qzeros: missing"),
+    (_fewer_fused_experts, r"model\.layers\.1\.mlp\.experts\.down_proj\.qweight: expected shape \[8, "),
+], ids=["missing_fused_tensor", "fused_expert_count"])
+def test_bad_fused_expert_checkpoint_raises_naming_tensor(tmp_path, edit, match):
+    path, _ = _make(tmp_path, "qwen3_moe", fused_experts=True)
+    testing.rewrite_checkpoint(path, edit)
+    with pytest.raises(awq_hf.CheckpointError, match=match):
+        _load(path)

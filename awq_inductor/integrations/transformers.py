@@ -56,9 +56,9 @@ from transformers.quantizers.quantizers_utils import should_convert_module
 from transformers.utils import quantization_config as qc
 
 from .. import transform
-from ..formats import AWQ_FORMATS, GPTQ_FORMATS, checkpoint_shapes
+from ..formats import AWQ_FORMATS, GPTQ_FORMATS
 from ..nn import CheckpointInt4Linear, CheckpointMoEExperts, ScaledActivation
-from ..nn.moe import EXPERT_NAMES
+from ..nn.moe import EXPERT_NAMES, FUSED_NAMES
 from ..schemes import scheme_for
 from ..transform.model_pass import LM_HEAD_CHOICES
 #: model_type -> (activation attribute, linear feeding it): AWQ stores ``<mlp>.<act>.scales``.
@@ -199,23 +199,29 @@ def _rename_key(key: str, model_type: Optional[str]) -> str:
 
 def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
     """Each transformers experts module (3-D ``gate_up_proj`` / ``down_proj``, names in
-    ``nn.moe.EXPERT_NAMES``) whose checkpoint stores per-expert int4 tensors becomes a
-    :class:`CheckpointMoEExperts` with one ``nn.Linear`` per (expert, projection); the int4
-    placeholder pass then treats them like any linear (shape / missing-tensor checks). Experts in
-    ``modules_to_not_convert`` or stored in floating point keep transformers' module."""
+    ``nn.moe.EXPERT_NAMES``) whose checkpoint stores int4 experts becomes a
+    :class:`CheckpointMoEExperts`: per-expert keys (``experts.0.gate_proj.qweight``: one
+    ``nn.Linear`` per expert and projection) or fused 3-D keys (``experts.gate_up_proj.qweight``
+    [E, ...]: one stacked linear per projection); the int4 placeholder pass then treats them like
+    any linear (shape / missing-tensor checks). Experts in ``modules_to_not_convert`` or stored
+    in floating point keep transformers' module. Without a readable header: per-expert keys."""
     prefix = getattr(model, "base_model_prefix", "") or ""
     mt = getattr(model.config, "model_type", None)
     keys = None if header is None else {_rename_key(k, mt) for k in header}
+
+    def stored(key: str) -> bool:
+        return bool({key, f"{prefix}.{key}", key.partition(".")[2]} & keys)
+
     for name, mod in list(model.named_modules()):
         names = EXPERT_NAMES.get(type(mod).__name__)
         if names is None or not should_convert_module(name, skip):
             continue
-        probe = f"{name}.0.{names[0]}.qweight"
-        if keys is not None and not {probe, f"{prefix}.{probe}", probe.partition(".")[2]} & keys:
+        fused = keys is not None and stored(f"{name}.{FUSED_NAMES[0]}.qweight")
+        if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.qweight"):
             continue  # experts stored in floating point: transformers loads them as they are
         E, two_i, H = mod.gate_up_proj.shape
         with torch.device("meta"):
-            model.set_submodule(name, CheckpointMoEExperts(E, H, two_i // 2, names))
+            model.set_submodule(name, CheckpointMoEExperts(E, H, two_i // 2, names, fused=fused))
 
 
 def _fmt_list(items: List[str], limit: int = 12) -> str:
@@ -309,7 +315,8 @@ class _InductorQuantizer(HfQuantizer):
                 has_gidx = f"{name}.g_idx" in hkeys
             with torch.device("meta"):
                 ph = CheckpointInt4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
-                                          group_size=cfg.group_size, format=fmt, dtypes=dtypes, g_idx=has_gidx)
+                                          group_size=cfg.group_size, format=fmt, dtypes=dtypes, g_idx=has_gidx,
+                                          num_experts=getattr(mod, "awq_num_experts", None))
             if headers is not None:  # checkpoint key and file of each tensor, for error messages
                 ph._awq_ckpt = {t: (hkeys[f"{name}.{t}"][0], headers[hkeys[f"{name}.{t}"][0]][2])
                                 for t in ("qweight", "qzeros", "scales", "bias", "g_idx") if f"{name}.{t}" in hkeys}
@@ -360,9 +367,7 @@ class _InductorQuantizer(HfQuantizer):
                 f"awq_inductor: {len(unexpected)} quantized checkpoint tensors have no int4 linear module to "
                 f"load into and would be dropped (leaving layers randomly initialised): {_fmt_list(unexpected)}.{hint}")
         for name, ph in placeholders.items():
-            exp = checkpoint_shapes(ph.format, ph.in_features, ph.out_features, ph.group_size)
-            if ph.bias is not None:
-                exp["bias"] = ((ph.out_features,), None)
+            exp = ph.expected_shapes(bias=ph.bias is not None, g_idx=False)
             want_dt = _expected_dtypes(ph.format)
             files = getattr(ph, "_awq_ckpt", {})
             for t, (shape, _) in exp.items():

@@ -15,28 +15,44 @@ from .linear import AWQLinear
 
 class CheckpointInt4Linear(nn.Module):
     """Receives one int4 linear's checkpoint tensors (``qweight``, ``qzeros``, ``scales``,
-    optional ``bias`` and ``g_idx``) exactly as stored; it has no forward of its own."""
+    optional ``bias`` and ``g_idx``) exactly as stored; it has no forward of its own.
+
+    ``num_experts``: the tensors of E experts stacked on a leading dim (fused 3-D MoE checkpoints,
+    ``mlp.experts.gate_up_proj.qweight`` [E, ...]): each ``t[e]`` is one expert's tensor in the
+    format's 2-D layout."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, group_size: int, format: str,
-                 dtypes: Optional[Dict[str, torch.dtype]] = None, g_idx: bool = False):
+                 dtypes: Optional[Dict[str, torch.dtype]] = None, g_idx: bool = False,
+                 num_experts: Optional[int] = None):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
         self.group_size = formats.resolve_group_size(group_size, in_features)
         self.format = format
+        self.num_experts = num_experts
         dtypes = dtypes or {}
-        for name, (shape, dt) in formats.checkpoint_shapes(format, in_features, out_features, group_size).items():
+        for name, (shape, dt) in self.expected_shapes(bias, g_idx).items():
             self.register_buffer(name, torch.empty(shape, dtype=dtypes.get(name, dt)))
-        if bias:
-            self.register_buffer("bias", torch.empty(out_features, dtype=dtypes.get("bias", torch.float16)))
-        else:
+        if not bias:
             self.bias = None
-        if g_idx:
-            self.register_buffer("g_idx", torch.empty(in_features, dtype=dtypes.get("g_idx", torch.int32)))
-        else:
+        if not g_idx:
             self.g_idx = None
 
+    def expected_shapes(self, bias: bool, g_idx: bool) -> Dict[str, tuple]:
+        """name -> (shape, default dtype) of the checkpoint tensors this module receives."""
+        out = dict(formats.checkpoint_shapes(self.format, self.in_features, self.out_features, self.group_size))
+        if bias:
+            out["bias"] = ((self.out_features,), torch.float16)
+        if g_idx:
+            out["g_idx"] = ((self.in_features,), torch.int32)
+        if self.num_experts is not None:
+            out = {k: ((self.num_experts, *shape), dt) for k, (shape, dt) in out.items()}
+        return out
+
     def to_awq_linear(self) -> AWQLinear:
+        if self.num_experts is not None:
+            raise ValueError("CheckpointInt4Linear: a stacked (per-expert) placeholder is converted by the MoE "
+                             "pass (transform.moe), not into one AWQLinear")
         if self.g_idx is not None:
             g = self.g_idx.to(torch.int64)
             ref = torch.arange(self.in_features, dtype=torch.int64) // self.group_size
@@ -51,7 +67,8 @@ class CheckpointInt4Linear(nn.Module):
         raise RuntimeError("CheckpointInt4Linear is a loading placeholder; run awq_inductor.convert(model)")
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+        e = "" if self.num_experts is None else f"num_experts={self.num_experts}, "
+        return (f"{e}in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={self.group_size}, format={self.format}, bias={self.bias is not None}")
 
 

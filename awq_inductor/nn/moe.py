@@ -24,6 +24,8 @@ EXPERT_NAMES = {
     "Qwen2MoeExperts": ("gate_proj", "up_proj", "down_proj"),
     "MixtralExperts": ("w1", "w3", "w2"),
 }
+#: module names of the fused 3-D layout (transformers 5's own parameter names, every architecture)
+FUSED_NAMES = ("gate_up_proj", "down_proj")
 
 
 class AWQMoEExperts(nn.Module):
@@ -136,17 +138,34 @@ class CheckpointMoEExpert(nn.Module):
 
 
 class CheckpointMoEExperts(nn.Module):
-    """Stands in for a transformers experts module while a per-expert checkpoint loads:
-    ``<e>.<gate|up|down name>`` are ``nn.Linear`` (the transformers integration turns them into
-    :class:`~awq_inductor.nn.CheckpointInt4Linear`), so ``mlp.experts.E.gate_proj.qweight`` keys land in
-    modules of those names and every missing or misshapen tensor is reported by the same checks
-    as any int4 linear. The model pass replaces it with :class:`AWQMoEExperts`."""
+    """Stands in for a transformers experts module while an int4 MoE checkpoint loads. Two layouts:
+
+    * per expert (``fused=False``): ``<e>.<gate|up|down name>`` are ``nn.Linear``, so
+      ``mlp.experts.E.gate_proj.qweight`` keys land in modules of those names;
+    * fused 3-D (``fused=True``): ``gate_up_proj`` (out 2I = [gate ; up], in H) and ``down_proj``
+      (out H, in I), each marked with ``awq_num_experts = E``, receive
+      ``mlp.experts.gate_up_proj.qweight`` [E, ...]: every expert's tensors in the format's 2-D
+      layout stacked on a leading dim, gate|up packed as one linear of 2I outputs (gate first, as
+      transformers' float ``gate_up_proj`` [E, 2I, H]).
+
+    The transformers integration turns those ``nn.Linear`` into
+    :class:`~awq_inductor.nn.CheckpointInt4Linear` (stacked for the fused layout), so every missing
+    or misshapen tensor is reported by the same checks as any int4 linear. The model pass replaces
+    this module with :class:`AWQMoEExperts`."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")):
+                 names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), fused: bool = False):
         super().__init__()
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.names = tuple(names)
+        self.fused = fused
+        if fused:
+            for name, k, n in ((FUSED_NAMES[0], hidden_size, 2 * intermediate_size),
+                               (FUSED_NAMES[1], intermediate_size, hidden_size)):
+                lin = nn.Linear(k, n, bias=False)
+                lin.awq_num_experts = num_experts
+                self.add_module(name, lin)
+            return
         for e in range(num_experts):
             ex = CheckpointMoEExpert()
             g, u, d = self.names
@@ -164,4 +183,4 @@ class CheckpointMoEExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, names={self.names}")
+                f"intermediate_size={self.intermediate_size}, names={self.names}, fused={self.fused}")

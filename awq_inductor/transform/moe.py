@@ -5,8 +5,9 @@
   :class:`~awq_inductor.nn.AWQMoEExperts` (``awq::int4_moe`` / ``int4_moe_a8``), which has the
   forward signature of transformers' experts modules; :class:`AWQMoEExperts` of another scheme
   are repacked for ``act_quant``.
-* :func:`experts_state_dict`: an :class:`AWQMoEExperts` written back as per-expert checkpoint
-  tensors (``<name>.<e>.<gate|up|down>.{qweight,qzeros,scales}``) in its checkpoint format.
+* :func:`experts_state_dict`: an :class:`AWQMoEExperts` written back as checkpoint tensors in its
+  checkpoint format and layout: per expert (``<name>.<e>.<gate|up|down>.{qweight,qzeros,scales}``)
+  or fused 3-D (``<name>.gate_up_proj.qweight`` [E, ...], ``<name>.down_proj.*``).
 """
 from __future__ import annotations
 
@@ -18,24 +19,33 @@ from torch import nn
 from .. import formats
 from . import load_memory
 from ..nn import AWQLinear, AWQMoEExperts, CheckpointInt4Linear, CheckpointMoEExperts
+from ..nn.moe import FUSED_NAMES
 
 
-def _canonical(where: str, m: nn.Module):
+def _unpack(where: str, fmt: str, qweight, qzeros, scales, g_idx, G: int, K: int):
+    """Canonical (q, z, s) of one linear's (K inputs) checkpoint tensors in format ``fmt``."""
+    if g_idx is not None:
+        ref = torch.arange(K, dtype=torch.int64) // G
+        if not torch.equal(g_idx.to(torch.int64), ref):
+            raise NotImplementedError(f"{where}.g_idx: act-order (desc_act=True) GPTQ checkpoints are not "
+                                      "supported; expected g_idx[k] == k // group_size")
+    if fmt in formats.GPTQ_FORMATS:
+        return formats.unpack_gptq(qweight, qzeros, scales, G, format=fmt)
+    return formats.unpack_awq(qweight, qzeros, scales, group_size=G, format=fmt)
+
+
+def _canonical(where: str, m: nn.Module, e: Optional[int] = None):
     """(q, z, s, group size, format, scales dtype) of one expert projection: straight from the
     checkpoint tensors of a loading placeholder (no pack / unpack round trip through AWQLinear:
-    a 128-expert layer has 384 of them), or from an AWQLinear."""
+    a 128-expert layer has 384 of them; ``e``: the expert of a stacked placeholder), or from an
+    AWQLinear."""
     if isinstance(m, CheckpointInt4Linear):
         if m.bias is not None:
             raise ValueError(f"{where}: expected no bias (the experts op has none), got bias {list(m.bias.shape)}")
-        if m.g_idx is not None:
-            ref = torch.arange(m.in_features, dtype=torch.int64) // m.group_size
-            if not torch.equal(m.g_idx.to(torch.int64), ref):
-                raise NotImplementedError(f"{where}.g_idx: act-order (desc_act=True) GPTQ checkpoints are not "
-                                          "supported; expected g_idx[k] == k // group_size")
-        if m.format in formats.GPTQ_FORMATS:
-            q, z, s = formats.unpack_gptq(m.qweight, m.qzeros, m.scales, m.group_size, format=m.format)
-        else:
-            q, z, s = formats.unpack_awq(m.qweight, m.qzeros, m.scales, group_size=m.group_size, format=m.format)
+        t = [getattr(m, n) for n in ("qweight", "qzeros", "scales")] + [m.g_idx]
+        if e is not None:
+            t = [None if v is None else v[e] for v in t]
+        q, z, s = _unpack(where, m.format, *t, m.group_size, m.in_features)
         return q, z, s, m.group_size, m.format, m.scales.dtype
     if isinstance(m, AWQLinear):
         if m.bias is not None:
@@ -47,7 +57,24 @@ def _canonical(where: str, m: nn.Module):
                      f"to keep it in floating point")
 
 
-def _experts_from_placeholder(name: str, ph: CheckpointMoEExperts, act_quant: Optional[str], maps) -> AWQMoEExperts:
+def _fused_experts(name: str, ph: CheckpointMoEExperts):
+    """(gate_up, down, (G, format, scales dtype)) of a fused 3-D placeholder, expert by expert."""
+    gu_mod, dn_mod = (getattr(ph, n) for n in FUSED_NAMES)
+    gate_up, down = [], []
+    for e in range(ph.num_experts):
+        gu = _canonical(f"{name}.{FUSED_NAMES[0]}[{e}]", gu_mod, e)
+        dn = _canonical(f"{name}.{FUSED_NAMES[1]}[{e}]", dn_mod, e)
+        gate_up.append(gu[:3])
+        down.append(dn[:3])
+    if dn[3] != gu[3]:
+        raise ValueError(f"{name}.{FUSED_NAMES[1]}: expected group size {gu[3]} like {name}.{FUSED_NAMES[0]} "
+                         f"(one op for all experts), got {dn[3]}")
+    return gate_up, down, gu[3:]
+
+
+def _per_expert(name: str, ph: CheckpointMoEExperts, maps):
+    """(gate_up, down, (G, format, scales dtype)) of a per-expert placeholder; releases each
+    expert's checkpoint pages once converted."""
     gate_up, down, first = [], [], None
     for e in range(ph.num_experts):
         parts = [_canonical(f"{name}.{e}.{n}", m) for n, m in zip(ph.names, ph.expert_modules(e))]
@@ -62,11 +89,18 @@ def _experts_from_placeholder(name: str, ph: CheckpointMoEExperts, act_quant: Op
         # this expert's checkpoint tensors are no longer needed: release their pages (load_memory)
         load_memory.drop_file_pages(list(getattr(ph, str(e)).buffers()), maps)
         delattr(ph, str(e))
+    return gate_up, down, first[3:]
+
+
+def _experts_from_placeholder(name: str, ph: CheckpointMoEExperts, act_quant: Optional[str], maps) -> AWQMoEExperts:
+    gate_up, down, (G, fmt, sdt) = _fused_experts(name, ph) if ph.fused else _per_expert(name, ph, maps)
+    if ph.fused:
+        load_memory.drop_file_pages(list(ph.buffers()), maps)
     try:
-        new = AWQMoEExperts.from_canonical(gate_up, down, group_size=first[3], act_quant=act_quant)
+        new = AWQMoEExperts.from_canonical(gate_up, down, group_size=G, act_quant=act_quant)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
-    new.awq_source = {"format": first[4], "scales_dtype": first[5], "names": ph.names}
+    new.awq_source = {"format": fmt, "scales_dtype": sdt, "names": ph.names, "fused": ph.fused}
     return new
 
 
@@ -87,8 +121,20 @@ def convert_experts(model: nn.Module, act_quant: Optional[str] = None) -> int:
     return n
 
 
+def _pack(fmt: str, q, z, s, G: int) -> Dict[str, torch.Tensor]:
+    """One linear's checkpoint tensors in format ``fmt`` (GPTQ: with its trivial g_idx)."""
+    q, z = q.contiguous(), z.contiguous()
+    if fmt.startswith("gptq"):
+        qw, qz, sc = formats.pack_gptq(q, z, s, G, format=fmt)
+        return {"qweight": qw, "qzeros": qz, "scales": sc, "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // G}
+    qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=fmt)
+    return {"qweight": qw, "qzeros": qz, "scales": sc}
+
+
 def experts_state_dict(name: str, mod: AWQMoEExperts, sd: Dict[str, torch.Tensor], default_format: str) -> None:
-    """Replace ``mod``'s packed buffers in ``sd`` by per-expert checkpoint tensors."""
+    """Replace ``mod``'s packed buffers in ``sd`` by checkpoint tensors in the layout it was loaded
+    from: per expert (``<name>.<e>.<gate|up|down>.*``) or fused 3-D (``<name>.gate_up_proj.*``
+    [E, ...], ``<name>.down_proj.*``)."""
     prefix = f"{name}." if name else ""
     for t in mod.op.weight_names():
         sd.pop(prefix + t, None)
@@ -97,15 +143,16 @@ def experts_state_dict(name: str, mod: AWQMoEExperts, sd: Dict[str, torch.Tensor
     sdt = src.get("scales_dtype") or torch.float16
     g, u, d = src.get("names") or ("gate_proj", "up_proj", "down_proj")
     I, G = mod.intermediate_size, mod.group_size
+    stacked: Dict[str, list] = {}
     for e in range(mod.num_experts):
-        (q, z, s), down = mod.expert_canonical(e)
-        parts = ((g, (q[:I], z[:I], s[:I])), (u, (q[I:], z[I:], s[I:])), (d, down))
+        (q, z, s), (dq, dz, ds) = mod.expert_canonical(e)
+        if src.get("fused"):
+            parts = ((FUSED_NAMES[0], (q, z, s)), (FUSED_NAMES[1], (dq, dz, ds)))
+        else:
+            parts = ((f"{e}.{g}", (q[:I], z[:I], s[:I])), (f"{e}.{u}", (q[I:], z[I:], s[I:])),
+                     (f"{e}.{d}", (dq, dz, ds)))
         for part, (qi, zi, si) in parts:
-            key = f"{prefix}{e}.{part}"
-            qi, zi, si = qi.contiguous(), zi.contiguous(), si.to(sdt).contiguous()
-            if fmt.startswith("gptq"):
-                qw, qz, sc = formats.pack_gptq(qi, zi, si, G, format=fmt)
-                sd[f"{key}.g_idx"] = torch.arange(qi.shape[1], dtype=torch.int32) // G
-            else:
-                qw, qz, sc = formats.pack_awq(qi, zi, si, group_size=G, format=fmt)
-            sd[f"{key}.qweight"], sd[f"{key}.qzeros"], sd[f"{key}.scales"] = qw, qz, sc
+            for t, v in _pack(fmt, qi, zi, si.to(sdt), G).items():
+                stacked.setdefault(f"{prefix}{part}.{t}", []).append(v)
+    for key, vs in stacked.items():
+        sd[key] = torch.stack(vs) if src.get("fused") else vs[0]
