@@ -2,6 +2,8 @@
 model pass and transformers loading (tied embeddings keep their float table)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -124,3 +126,17 @@ def test_patch_transformers_int8_head_compiled(tmp_path):
     torch.testing.assert_close(compiled, eager, rtol=0, atol=2e-2 * float(eager.abs().max()))
     rel = (eager - dense).abs().amax(dim=-1) / dense.abs().amax(dim=-1)
     assert float(rel.max()) < 0.1, float(rel.max())
+
+
+def test_save_pretrained_refuses_int8_head(tmp_path):
+    cfg = testing.tiny_config("llama")
+    testing.save_quantized(testing.build_float_model(cfg), str(tmp_path / "m"), group_size=32)
+    try:
+        awq_hf.patch_transformers(lm_head="int8")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.bfloat16)
+    finally:
+        awq_hf.patch_transformers()
+    with pytest.raises(ValueError, match=r"lm_head: an int8 lm_head .* cannot be saved as the checkpoint's float "
+                                         r"lm_head\.weight"):
+        model.save_pretrained(str(tmp_path / "out"))
+    assert not os.path.exists(os.path.join(tmp_path, "out", "model.safetensors"))
