@@ -187,14 +187,54 @@ def test_fewer_experts_than_config_raises(tmp_path):
         _load(path)
 
 
-def test_tensor_parallel_refuses_moe_clearly(tmp_path):
+@pytest.mark.parametrize("act_quant", [None, "int8"])
+def test_tensor_parallel_experts_split_sums_to_unsharded(tmp_path, act_quant):
+    """tp.shard splits every expert over its intermediate dim: the two ranks' local experts (run
+    without the all-reduce) sum to the unsharded experts; the shared expert is a split gated MLP.
+    (2 real ranks: tests/test_tp.py, qwen3_moe.)"""
+    from awq_inductor import convert
     from awq_inductor.transform import tp
 
-    path, _ = _make(tmp_path, "mixtral")
-    model = _load(path)
-    with pytest.raises(tp.TPError, match=r"MoE experts have no tensor-parallel layout yet.*model\.layers\.0\.mlp\.experts"):
+    path, _ = _make(tmp_path, "qwen2_moe")
+    full = convert(_load(path), act_quant=act_quant).model.layers[1].mlp.experts
+    x = torch.randn(5, full.hidden_size)
+    ids = torch.randint(0, full.num_experts, (5, 2), generator=torch.Generator().manual_seed(3))
+    w = torch.rand(5, 2)
+    parts = []
+    for rank in range(2):
+        model = convert(_load(path), act_quant=act_quant)
+        tp.shard(model, rank=rank, world_size=2)
+        assert model._awq_tp["moe_layers"] == model.config.num_hidden_layers
+        block = model.model.layers[1].mlp
+        assert isinstance(block.experts, tp.ParallelMoEExperts)
+        assert isinstance(block.shared_expert.down_proj, tp.RowParallelLinear)
+        local = block.experts.local
+        assert (local.intermediate_size, local.act_quant) == (full.intermediate_size // 2, act_quant)
+        gu, dn = local.dequantize(4)
+        fgu, fdn = full.dequantize(4)
+        i, I = local.intermediate_size, full.intermediate_size
+        lo = rank * i
+        torch.testing.assert_close(gu, torch.cat([fgu[lo:lo + i], fgu[I + lo:I + lo + i]]), atol=0, rtol=0)
+        torch.testing.assert_close(dn, fdn[:, lo:lo + i], atol=0, rtol=0)
+        with torch.no_grad():
+            parts.append(local(x, ids, w))
+    with torch.no_grad():
+        want = full(x, ids, w)
+    tol = 2e-3 if act_quant is None else 0.05 * float(want.abs().max())
+    torch.testing.assert_close(parts[0] + parts[1], want, atol=tol, rtol=2e-3)
+
+
+def test_tensor_parallel_experts_that_do_not_split_raise(tmp_path):
+    from awq_inductor import convert
+    from awq_inductor.transform import tp
+
+    path, _ = _make(tmp_path, "mixtral", group_size=64)  # expert intermediate 64: 32 per rank, not a group
+    model = convert(_load(path))
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.mlp\.experts: expert intermediate_size / world_size "
+                                         r"must be a multiple of 32 .* and of the group size 64 .* got 64 / 2"):
         tp.shard(model, rank=0, world_size=2)
-    assert not hasattr(model, "_awq_tp") or model._awq_tp is None
+    assert getattr(model, "_awq_tp", None) is None
+    assert isinstance(model.model.layers[0].mlp.experts, AWQMoEExperts)
 
 
 def test_gemv_fast_experts_load(tmp_path):
@@ -254,3 +294,11 @@ def test_bad_fused_expert_checkpoint_raises_naming_tensor(tmp_path, edit, match)
     testing.rewrite_checkpoint(path, edit)
     with pytest.raises(awq_hf.CheckpointError, match=match):
         _load(path)
+
+
+def test_per_rank_loader_refuses_moe_clearly(tmp_path):
+    from awq_inductor.transform import tp
+
+    path, _ = _make(tmp_path, "qwen3_moe")
+    with pytest.raises(tp.TPError, match=r"load: qwen3_moe is a mixture-of-experts model; .* call tp\.shard"):
+        tp.load(path, rank=0, world_size=2)

@@ -22,7 +22,8 @@ from awq_inductor.transform.model_pass import convert  # noqa: E402
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
-ARCHS = ("llama", "qwen2")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias
+ARCHS = ("llama", "qwen2", "qwen3_moe")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias; Qwen3-MoE: 8 experts
+DENSE_ARCHS = ARCHS[:2]  # tp.load (the per-rank loader) reads dense models only
 LOADER_CASES = (("llama", "gptq", "gptq"), ("qwen2", "awq", "gemv"))  # tp.load only, besides the gemm cases
 
 
@@ -71,7 +72,7 @@ def tp2(tmp_path_factory):
         g = torch.Generator().manual_seed(1)
         ids = torch.randint(0, cfg.vocab_size, (2, 10), generator=g)
         prompt = torch.randint(0, cfg.vocab_size, (1, 6), generator=g)
-        cases[arch] = {"ckpt": path, "ids": ids, "prompt": prompt}
+        cases[arch] = {"ckpt": path, "ids": ids, "prompt": prompt, "moe": arch not in DENSE_ARCHS}
         model = _load(path)
         with torch.no_grad():
             ref = {"cfg": cfg, "logits": model(ids).logits}
@@ -92,8 +93,8 @@ def tp2(tmp_path_factory):
 def test_tp2_matches_unsharded(tp2, arch):
     """2 ranks vs the unsharded model: full-sequence logits within the dense tolerance, 16 identical
     greedy fp32 tokens with their per-step logits, eager and compiled; the compiled graphs hold 2
-    all_reduce per decoder layer and the lm_head's all_gather with no graph break; the W4A8 shard
-    matches unsharded W4A8."""
+    all_reduce per decoder layer (o_proj and down_proj, or o_proj and the MoE experts) and the
+    lm_head's all_gather with no graph break; the W4A8 shard matches unsharded W4A8."""
     refs, ranks = tp2
     ref, cfg = refs[arch], refs[arch]["cfg"]
     for r, res in enumerate(ranks):
@@ -114,7 +115,7 @@ def test_tp2_matches_unsharded(tp2, arch):
     torch.testing.assert_close(ranks[0][arch]["eager_logits"], ranks[1][arch]["eager_logits"], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("case", [*ARCHS, *(f"{a}_{f}" for a, _, f in LOADER_CASES)])
+@pytest.mark.parametrize("case", [*DENSE_ARCHS, *(f"{a}_{f}" for a, _, f in LOADER_CASES)])
 def test_tp2_loader_logits_equal_shard(tp2, case):
     """2 ranks: the shard loaded per rank from the safetensors files (tp.load) gives the logits of
     load -> convert -> shard exactly (gemm for both architectures, GPTQ for Llama, gemv for Qwen2)."""

@@ -26,6 +26,11 @@ gpt-fast style, on every rank of ``group`` (all ranks must hold the same full mo
 - **row-parallel layers** become :class:`RowParallelLinear`: the local int4 GEMM (no bias), then
   ``torch.distributed._functional_collectives.all_reduce(y, "sum", group)`` (a graph op, so
   ``torch.compile`` keeps it in the graph, no graph break), then the bias, added once.
+- **MoE experts** (:class:`~awq_inductor.nn.AWQMoEExperts`) are split like a gated MLP inside
+  every expert: rank r keeps gate and up rows and down columns ``[r*I/W, (r+1)*I/W)`` of each
+  expert (:class:`ParallelMoEExperts`: the experts op on the local slices, then one all-reduce).
+  The router (and Qwen2-MoE's shared-expert gate) is replicated, so every rank routes alike and
+  reads 1/W of each selected expert; a shared expert is a gated MLP, split as above.
 - a dense ``lm_head`` is split over the vocabulary (:class:`VocabParallelLMHead`: local rows, then
   ``all_gather_tensor`` of the logits along the last dim), so each rank reads 1/W of it per token
   (``vocab_parallel=False`` replicates it); embedding and norms are replicated.
@@ -82,21 +87,47 @@ class RowParallelLinear(nn.Module):
             self.bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.linear(x)
-        if self.world_size > 1:
-            from torch.distributed import _functional_collectives as funcol
-
-            if self.group is None:
-                raise RuntimeError("RowParallelLinear: sharded with an explicit rank / world_size and no "
-                                   "process group, so there is nothing to all-reduce over")
-
-            y = funcol.all_reduce(y, "sum", self.group)
+        y = _all_reduce(self.linear(x), self.group, self.world_size, "RowParallelLinear")
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y
 
     def extra_repr(self) -> str:
         return f"world_size={self.world_size}, bias={self.bias is not None} (after all_reduce)"
+
+
+def _all_reduce(y: torch.Tensor, group, world_size: int, who: str) -> torch.Tensor:
+    """``all_reduce(y, "sum")`` over ``group`` as a graph op (no graph break under torch.compile)."""
+    if world_size == 1:
+        return y
+    from torch.distributed import _functional_collectives as funcol
+
+    if group is None:
+        raise RuntimeError(f"{who}: sharded with an explicit rank / world_size and no process group, so there "
+                           "is nothing to all-reduce over")
+    return funcol.all_reduce(y, "sum", group)
+
+
+class ParallelMoEExperts(nn.Module):
+    """The experts of one sparse-MoE layer split over the intermediate dim: ``local`` holds, for
+    every expert, gate and up rows and down columns ``[r*I/W, (r+1)*I/W)``; ``forward`` (the
+    signature of :class:`~awq_inductor.nn.AWQMoEExperts`) is ``all_reduce(local(...), "sum")``.
+    Every rank reads 1/W of each selected expert's bytes per token and routes alike (the router
+    is replicated), so no token is exchanged: one all-reduce per layer, as for a dense MLP."""
+
+    def __init__(self, local: AWQMoEExperts, group, world_size: int):
+        super().__init__()
+        self.local = local
+        self.group = group
+        self.world_size = world_size
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return _all_reduce(self.local(hidden_states, top_k_index, top_k_weights), self.group, self.world_size,
+                           "ParallelMoEExperts")
+
+    def extra_repr(self) -> str:
+        return f"world_size={self.world_size}"
 
 
 class VocabParallelLMHead(nn.Module):
@@ -314,6 +345,29 @@ def _plan_mlp(name: str, mlp: nn.Module, rank: int, world: int, group) -> Plan:
     return plan
 
 
+def _plan_moe(name: str, parent: nn.Module, attr: str, rank: int, world: int, group) -> Plan:
+    """Split every expert of ``parent.<attr>`` (an AWQMoEExperts) over its intermediate dim."""
+    ex = parent._modules[attr]
+    I, G = ex.intermediate_size, ex.group_size
+    if I % world or (I // world) % 32 or (I // world) % G:
+        raise TPError(f"{name}: expert intermediate_size / world_size must be a multiple of 32 (the fused SiLU*mul "
+                      f"panels) and of the group size {G} (down_proj's K split), got {I} / {world}")
+    i = I // world
+    lo, hi = rank * i, (rank + 1) * i
+    rows = _rows([(lo, hi), (I + lo, I + hi)])
+    gate_up, down = [], []
+    for e in range(ex.num_experts):
+        (q, z, s), (dq, dz, ds) = ex.expert_canonical(e)
+        gate_up.append((q[rows].contiguous(), z[rows].contiguous(), s[rows].contiguous()))
+        down.append((dq[:, lo:hi].contiguous(), dz[:, lo // G:hi // G].contiguous(), ds[:, lo // G:hi // G].contiguous()))
+    try:
+        local = AWQMoEExperts.from_canonical(gate_up, down, group_size=G, act_quant=ex.act_quant)
+    except ValueError as e:
+        raise TPError(f"{name}: {e}") from e
+    local.awq_source = _source(ex, tp_rows=(lo, hi))
+    return [(parent, attr, ParallelMoEExperts(local, group, world))]
+
+
 def _group_rank_world(group, rank, world_size) -> Tuple[int, int]:
     if rank is not None and world_size is not None:
         return int(rank), int(world_size)
@@ -352,7 +406,7 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     hq_all = getattr(text_cfg, "num_attention_heads", None)
     hkv_all = getattr(text_cfg, "num_key_value_heads", None) or hq_all
     plan: Plan = []
-    n_mlp = 0
+    n_mlp = n_moe = 0
     attns = []
     for name, mod in model.named_modules():
         if "o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj")):
@@ -363,15 +417,15 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
         elif "down_proj" in mod._modules:
             plan += _plan_mlp(name, mod, rank, world, group)
             n_mlp += 1
-    if not attns and n_mlp == 0:
+        for attr, child in mod._modules.items():
+            if isinstance(child, AWQMoEExperts):
+                plan += _plan_moe(f"{name}.{attr}" if name else attr, mod, attr, rank, world, group)
+                n_moe += 1
+    if not attns and n_mlp == 0 and n_moe == 0:
         raise TPError("shard: found no attention (o_proj + q/k/v) or MLP (down_proj) modules to shard")
     replaced = {id(parent._modules.get(attr)) for parent, attr, _ in plan}
     left = [n for n, m in model.named_modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul))
             and id(m) not in replaced]
-    moe = [n for n, m in model.named_modules() if isinstance(m, AWQMoEExperts)]
-    if moe:
-        raise TPError(f"shard: MoE experts have no tensor-parallel layout yet and would be left replicated on "
-                      f"every rank (all their weights per rank): {moe[:4]}{' ...' if len(moe) > 4 else ''}")
     if left:
         raise TPError(f"shard: int4 modules outside the attention / MLP patterns would be left replicated: "
                       f"{left[:8]}{' ...' if len(left) > 8 else ''}")
@@ -390,6 +444,7 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
                 setattr(m, attr, getattr(m, attr) // world)
     model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
                      "num_key_value_heads": hkv_all, "attention_layers": len(attns), "mlp_layers": n_mlp,
+                     "moe_layers": n_moe,
                      "vocab_parallel": isinstance(model.get_output_embeddings(), VocabParallelLMHead)
                      if hasattr(model, "get_output_embeddings") else False}
     return model
@@ -674,6 +729,11 @@ def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: 
         group = dist.group.WORLD
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
     fmt, gs = _quant_info(cfg)
+    moe_keys = ("num_experts", "num_local_experts")
+    text0 = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    if any(getattr(text0, k, None) for k in moe_keys):
+        raise TPError(f"load: {getattr(cfg, 'model_type', '?')} is a mixture-of-experts model; the per-rank loader "
+                      "reads dense models only: load it with from_pretrained (patch_transformers) and call tp.shard")
     if dtype is None:
         dtype = getattr(cfg, "dtype", None) or torch.float32
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -809,7 +869,7 @@ def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: 
         pass
     model.eval()
     model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
-                     "num_key_value_heads": hkv_all, "attention_layers": n_attn, "mlp_layers": n_mlp,
+                     "num_key_value_heads": hkv_all, "attention_layers": n_attn, "mlp_layers": n_mlp, "moe_layers": 0,
                      "vocab_parallel": isinstance(model.get_output_embeddings(), VocabParallelLMHead),
                      "read": {"format": fmt, "bytes": dict(reader.read_bytes), "whole": sorted(reader.whole),
                               "checkpoint_bytes": reader.total_bytes()}}
