@@ -158,6 +158,15 @@ def _stream(model, tokenizer, ids, new_tokens: int, label: str) -> bool:
     return True
 
 
+def _tp_is_moe(path: str) -> bool:
+    """MoE checkpoints load whole and are sharded after (the per-rank loader reads dense models)."""
+    import transformers
+
+    from .transform import tp as _tp
+
+    return _tp.is_moe(transformers.AutoConfig.from_pretrained(path))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["tune"]:  # python -m awq_inductor tune --model DIR | --shapes KxN,...
@@ -247,7 +256,7 @@ def main(argv=None) -> int:
 
     _log("Loading and converting (int4 linears -> AWQLinear, q/k/v and gate/up fusion)...")
     t0 = time.perf_counter()
-    if tp_info and args.model:  # each rank reads only its slices of the int4 tensors
+    if tp_info and args.model and not _tp_is_moe(path):  # each rank reads only its slices of the int4 tensors
         from .transform import tp as _tp
 
         model = _tp.load(path, dtype=dtype)
@@ -263,7 +272,8 @@ def main(argv=None) -> int:
         if getattr(model, "_awq_tp", None) is None:
             _tp.shard(model)
         _log(f"  sharded over {args.tp} ranks: {model.config.num_attention_heads} query / "
-             f"{model.config.num_key_value_heads} KV heads per rank, all_reduce after o_proj and down_proj")
+             f"{model.config.num_key_value_heads} KV heads per rank, all_reduce after o_proj and "
+             f"{'the MoE experts' if model._awq_tp.get('moe_layers') else 'down_proj'}")
     n_int4 = count_int4_linears(model)
     from .nn import AWQMoEExperts
 

@@ -151,6 +151,16 @@ def test_launch_demo_tp2(tp2):
         assert "1 threads per rank" in out, out
 
 
+def test_launch_demo_tp2_moe(tp2):
+    """The demo on a MoE checkpoint under --tp 2: loaded whole (the per-rank loader reads dense models),
+    then sharded with the experts split."""
+    r = _torchrun(2, ["-m", "awq_inductor", "--tp", "2", "--model", tp2[0]["qwen3_moe"]["ckpt"], "--no-compile",
+                      "--prompt-len", "8", "--new-tokens", "4", "--dtype", "fp32"])
+    out = r.stdout
+    assert out.count("all_reduce after o_proj and the MoE experts") == 1, out
+    assert "per-rank load" not in out and out.count("awq int4 eager") == 1, out
+
+
 # ------------------------------------------------------------------------------ in one process
 def _converted(tmp_path, arch="llama", group_size=32, **cfg_kw):
     path, cfg = _checkpoint(tmp_path / arch, arch, group_size, **cfg_kw)

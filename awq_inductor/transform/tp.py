@@ -700,6 +700,12 @@ def _read_int4(reader: _SliceReader, key: str, fmt: str, G: int, N: int, K: int,
     return q[:, k0:k1].contiguous(), z[:, g0:g1].contiguous(), s[:, g0:g1].contiguous()
 
 
+def is_moe(cfg) -> bool:
+    """Whether a transformers config describes a sparse mixture-of-experts model."""
+    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    return any(getattr(text, k, None) for k in ("num_experts", "num_local_experts"))
+
+
 def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: Optional[int] = None,
          dtype: Optional[torch.dtype] = None, act_quant: Optional[str] = None, vocab_parallel: bool = True,
          **from_config_kwargs) -> nn.Module:
@@ -729,9 +735,7 @@ def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: 
         group = dist.group.WORLD
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
     fmt, gs = _quant_info(cfg)
-    moe_keys = ("num_experts", "num_local_experts")
-    text0 = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    if any(getattr(text0, k, None) for k in moe_keys):
+    if is_moe(cfg):
         raise TPError(f"load: {getattr(cfg, 'model_type', '?')} is a mixture-of-experts model; the per-rank loader "
                       "reads dense models only: load it with from_pretrained (patch_transformers) and call tp.shard")
     if dtype is None:
