@@ -115,6 +115,26 @@ def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callabl
     return kernel
 
 
+#: Names of the tile-emulator counters, in the order of ``awq::amx_emu::Counter`` (runtime/amx.h.j2).
+AMX_EMU_COUNTERS = ("ldtilecfg", "release", "tileloadd", "tilestored", "tilezero", "tdp", "dequant_bytes")
+
+
+def amx_emulator_counters(name: str, x_dtype: torch.dtype, reset: bool = True) -> dict:
+    """The tile emulator's instruction counters of the emulated AMX library that runs ``awq::<name>``
+    for ``x_dtype`` (summed over threads since the last reset), and zero them if ``reset``. Tests use
+    them to check a blocking's tile traffic; they exist only in emulated builds
+    (``config.amx_emulation``), so anything else raises ``RuntimeError``."""
+    lib = _library(OPS[name].scheme.name, "amx", x_dtype, True)
+    fn = lib.awq_amx_emu_counters
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    buf = (ctypes.c_uint64 * len(AMX_EMU_COUNTERS))()
+    n = fn(ctypes.addressof(buf), len(AMX_EMU_COUNTERS), int(reset))
+    if n != len(AMX_EMU_COUNTERS):
+        raise RuntimeError(f"awq_amx_emu_counters: expected {len(AMX_EMU_COUNTERS)} counters, the library has {n}")
+    return dict(zip(AMX_EMU_COUNTERS, (int(v) for v in buf)))
+
+
 def forget_kernels() -> None:
     """Drop the kernels and libraries loaded in this process (tests: the next call builds again,
     e.g. under another cache directory or a faked CPU)."""
