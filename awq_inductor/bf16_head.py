@@ -19,10 +19,12 @@ import torch.nn.functional as F
 
 from . import config
 
-#: Rows up to which the GEMV runs. 32000 x 4096, 2 threads, interleaved with F.linear (load ~8):
-#: 0.59x F.linear's time at M=1, 0.93x at M=4, 1.37x at M=8 (8 rows x 2 channels: x loads dominate),
-#: so F.linear from 5 rows (benchmarks/results/bench_head_gemv.txt).
-GEMV_MAX_M = 4
+#: Rows up to which the GEMV runs, measured against F.linear (32000 x 4096, 2 threads, interleaved
+#: with the read probe; benchmarks/results/bench_head_gemv_idle.md and bench_head_gemv.txt): its time
+#: is 0.72x F.linear's at M=1 (86% vs 62% of the probe), 1.00x at M=2, 1.31x at M=4 on the quieter VM
+#: (0.93x at M=4 under load): x rows (8 KiB each at K = 4096) crowd the 32 KiB L1 as M grows. So the
+#: GEMV serves batch-1 decode only and F.linear everything else.
+GEMV_MAX_M = 1
 #: Weight channels streamed together for one row: 8 gave 0.89x the time of 4 at M=1 (same run).
 KC_ONE_ROW = 8
 SCHEMA = "(Tensor x, Tensor weight, Tensor? bias) -> Tensor"

@@ -432,7 +432,7 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     ``awq::int4_mm_a8_silu_mul``, dynamic per-token int8 activations; a later ``convert(model)``
     packs them back to W4A16).
     ``progress``: a tqdm bar over the replaced modules (None: on a terminal only).
-    ``lm_head``: "bf16" (default: a bf16 ``nn.Linear`` head runs our AVX512-BF16 GEMV for up to 4 rows,
+    ``lm_head``: "bf16" (default: a bf16 ``nn.Linear`` head runs our AVX512-BF16 GEMV at one row,
     :class:`~awq_inductor.nn.head.Bf16HeadLinear`, same parameters), None (the head stays as loaded)
     or "int8" (opt-in: the output projection becomes
     an :class:`~awq_inductor.nn.head.Int8HeadLinear`, per-channel symmetric int8 with fp32 scales,
