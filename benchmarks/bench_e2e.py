@@ -6,8 +6,9 @@
 Methods, all on the same quantized weights, side by side in one process: ours compiled
 (backend ``awq_inductor``), ours eager, the gptqmodel-style path (``aten._weight_int4pack_mm_for_cpu``,
 zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The embedding and
-``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints, except ``int8head``: ours
-compiled with the opt-in ``convert(model, lm_head="int8")``.
+``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints: ours (compiled and eager)
+reads it with our GEMV at decode (``convert``'s default ``lm_head="bf16"``), the baselines with
+``F.linear``; ``int8head`` is ours compiled with the opt-in ``convert(model, lm_head="int8")``.
 """
 from __future__ import annotations
 

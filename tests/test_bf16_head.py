@@ -114,3 +114,16 @@ def test_convert_head_choices():
     convert(model, lm_head="int8")
     assert isinstance(model.lm_head, Int8HeadLinear)
     assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+
+
+@needs_gemv
+def test_baselines_get_the_plain_head():
+    """The int4pack / dense baselines run transformers' head (F.linear), not our GEMV."""
+    from awq_inductor.baselines import to_dense, to_int4pack
+
+    for to in (lambda m: to_dense(m, torch.bfloat16), lambda m: to_int4pack(m, torch.bfloat16)):
+        model = convert(_tied_bf16_model())
+        assert type(model.lm_head) is Bf16HeadLinear
+        emb = model.get_input_embeddings().weight
+        to(model)
+        assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is emb
