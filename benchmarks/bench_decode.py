@@ -14,6 +14,9 @@ Each layer is timed cold: ``copies`` independent copies of its weights, together
 weights that were evicted since their last use (no flush buffer: a flush leaves dirty lines whose
 write-back would be charged to the kernel). Methods are interleaved call by call: ours (the op's
 eager kernel, ``awq::int4_mm``) and ``aten._weight_int4pack_mm_for_cpu`` (the gptqmodel path).
+Before each timed call the same method runs once, untimed, on a small layer that stays in cache:
+weights cold, code warm, as in decode (``--no-rewarm``: the old order, where the method timed right
+after the probe also ran with cold code; see ``time_interleaved``).
 
 Bytes per call: packed weights + scales + zeros of the method's own layout + x + y. GB/s is
 bytes / median time; ``share`` is GB/s / the GB/s of the probe (a 256 MiB stream) timed as one more
