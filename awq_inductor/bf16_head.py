@@ -54,7 +54,7 @@ def gemv_available() -> bool:
 def _kernel(kc_one_row: int = KC_ONE_ROW):
     from .kernels import codegen, native
 
-    src = codegen.env().get_template("head/bf16_linear.cpp.j2").render(kc1=kc_one_row, kc_comment="")
+    src = codegen.env().get_template("head/bf16_linear.cpp.j2").render(kc1=kc_one_row)
     flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
     fn = ctypes.CDLL(native.build(src, flags, name="awq_bf16_linear", isa="avx512")).awq_bf16_linear
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
