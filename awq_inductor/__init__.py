@@ -11,7 +11,7 @@ Public API (see README.md, "Public API" and "Where things live"):
 """
 from __future__ import annotations
 
-from . import config, int8_head, moe, ops  # noqa: F401  (ops, moe and int8_head define torch.ops.awq.*)
+from . import bf16_head, config, int8_head, moe, ops  # noqa: F401  (they define torch.ops.awq.*)
 from .nn import AWQGateUpSiluMul, AWQLinear
 
 __version__ = "0.1.0"

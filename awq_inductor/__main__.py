@@ -196,9 +196,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-int4pack", action="store_true",
                    help="skip the gptqmodel-style baseline (aten._weight_int4pack_mm_for_cpu, zeros (8 - z) * s)")
     p.add_argument("--no-eager", action="store_true", help="skip our eager path")
-    p.add_argument("--lm-head", choices=["int8"], default=None,
-                   help="opt-in: quantize the lm_head per output channel to int8 at load time (default: "
-                        "keep the checkpoint's float head)")
+    p.add_argument("--lm-head", choices=["bf16", "int8"], default="bf16",
+                   help="bf16 (default): a bf16 head runs our AVX512-BF16 GEMV at decode; int8 (opt-in): "
+                        "quantize the lm_head per output channel to int8 at load time")
     p.add_argument("--group-size", type=int, default=128, help="group size of the default model (default 128)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"),
                    help="where the default model is cached (default ~/.cache/awq_inductor/models)")
@@ -250,7 +250,7 @@ def main(argv=None) -> int:
         path = tiny_model.demo_checkpoint(args.cache_dir, args.group_size, log=_log)
     if tp_info and tp_info["rank"] == 0 and not args.model:
         dist.barrier()
-    if tp_info and args.lm_head:
+    if tp_info and args.lm_head == "int8":
         raise SystemExit("--lm-head int8 is not supported with --tp (the tensor-parallel head stays bf16)")
     patch_transformers(lm_head=args.lm_head)
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
+from .nn.head import Bf16HeadLinear
 
 ATEN_GROUP_SIZES = (32, 64, 128, 256)
 log = logging.getLogger(__name__)
@@ -64,8 +65,12 @@ class GateUpSiluMul(nn.Module):
 
 
 def _replace(model: nn.Module, linear, gate_up) -> nn.Module:
+    """Baselines run what transformers runs: our default bf16 head (Bf16HeadLinear, our GEMV) goes
+    back to a plain nn.Linear (F.linear), in place, parameters kept."""
     for name, mod in list(model.named_modules()):
-        if isinstance(mod, AWQLinear):
+        if type(mod) is Bf16HeadLinear:
+            mod.__class__ = nn.Linear
+        elif isinstance(mod, AWQLinear):
             model.set_submodule(name, linear(mod))
         elif isinstance(mod, AWQGateUpSiluMul):
             model.set_submodule(name, GateUpSiluMul(gate_up(mod), mod.out_features))

@@ -6,8 +6,10 @@
 Methods, all on the same quantized weights, side by side in one process: ours compiled
 (backend ``awq_inductor``), ours eager, the gptqmodel-style path (``aten._weight_int4pack_mm_for_cpu``,
 zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The embedding and
-``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints, except ``int8head``: ours
-compiled with the opt-in ``convert(model, lm_head="int8")``.
+``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints: ours (compiled and eager)
+reads it with our GEMV at decode (``convert``'s default ``lm_head="bf16"``), the baselines with
+``F.linear``; ``flinearhead`` is ours compiled with the head on ``F.linear`` (``lm_head=None``);
+``int8head`` is ours compiled with the opt-in ``convert(model, lm_head="int8")``.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import transformers
 from awq_inductor import convert, patch_transformers
 from awq_inductor.__main__ import bench
 from awq_inductor.baselines import to_int4pack
+from awq_inductor.nn.head import Bf16HeadLinear
 from awq_inductor.testing import build_float_model, save_quantized
 from llama_shape import add_shape_args, llama_config  # noqa: E402  (benchmarks/ is sys.path[0])
 
@@ -60,6 +63,14 @@ def main(argv=None):
         m8.forward = torch.compile(m8.forward, backend="awq_inductor")
         res["ours compiled, int8 head"] = bench(m8, ids, a.new_tokens, "ours compiled, int8 lm_head")
         del m8
+    if "flinearhead" in methods:  # ours compiled with the head on F.linear (lm_head=None): the GEMV's share
+        mf = copy.deepcopy(model)
+        head = mf.get_output_embeddings()
+        if type(head) is Bf16HeadLinear:
+            head.__class__ = torch.nn.Linear
+        mf.forward = torch.compile(mf.forward, backend="awq_inductor")
+        res["ours compiled, F.linear head"] = bench(mf, ids, a.new_tokens, "ours compiled, F.linear lm_head")
+        del mf
     if "eager" in methods:
         res["ours eager"] = bench(model, ids, a.new_tokens, "ours eager")
     if "int4pack" in methods:

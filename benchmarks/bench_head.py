@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from awq_inductor import int8_head, tiny_model
+from awq_inductor import bf16_head, int8_head, tiny_model
 from awq_inductor.nn.head import Int8HeadLinear
 from bench_decode import probe_calls, read_bandwidth  # noqa: E402  (benchmarks/ is sys.path[0])
 
@@ -39,9 +39,9 @@ def time_heads(N, K, ms, reps, threads):
     rows = []
     for M in ms:
         x = torch.randn(M, K, generator=g).to(torch.bfloat16)
-        fns = {"bf16_linear": lambda: F.linear(x, w), "int8_head": lambda: int8_head.int8_linear(x, q, s),
-               "probe": lambda: probe(None)}
-        nbytes = {"bf16_linear": w.numel() * 2, "int8_head": q.numel() + s.numel() * 4,
+        fns = {"bf16_linear": lambda: F.linear(x, w), "bf16_op": lambda: bf16_head.bf16_linear(x, w),
+               "int8_head": lambda: int8_head.int8_linear(x, q, s), "probe": lambda: probe(None)}
+        nbytes = {"bf16_linear": w.numel() * 2, "bf16_op": w.numel() * 2, "int8_head": q.numel() + s.numel() * 4,
                   "probe": probe_bytes - (M * K + M * N) * 2}
         ts = {k: [] for k in fns}
         for f in fns.values():
@@ -107,21 +107,26 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_head"))
+    p.add_argument("--speed-only", action="store_true", help="skip the int8 accuracy tables")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     load = os.getloadavg()
     bw = read_bandwidth(a.threads)
     speed = time_heads(a.vocab, a.hidden, [int(m) for m in a.m.split(",")], a.reps, a.threads)
-    acc = {"tiny_llama (real, held-out text)": tiny_llama_accuracy(),
-           f"random {a.vocab}x{a.hidden} head": random_head_accuracy(a.vocab, a.hidden)}
+    acc = {} if a.speed_only else {"tiny_llama (real, held-out text)": tiny_llama_accuracy(),
+                                   f"random {a.vocab}x{a.hidden} head": random_head_accuracy(a.vocab, a.hidden)}
     lines = [f"threads={a.threads} torch={torch.__version__} load_avg_before={load[0]:.2f}; read bandwidth "
              f"{bw['probe_gbs']:.1f} GB/s (probe), torch.sum {bw['torch_sum_gbs']:.1f} GB/s", "",
              "share = GB/s / the probe's (256 MiB stream) measured interleaved in the same reps", "",
-             "| N | K | M | bf16 F.linear ms | GB/s | share | int8 head ms | GB/s | share | int8 / bf16 | probe GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "bf16 op = awq::bf16_linear, the default head (our GEMV for M <= "
+             f"{bf16_head.GEMV_MAX_M}, F.linear above)", "",
+             "| N | K | M | bf16 F.linear ms | GB/s | share | bf16 op ms | GB/s | share | op / F.linear "
+             "| int8 head ms | GB/s | share | int8 / bf16 | probe GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in speed:
         lines.append(f"| {r['N']} | {r['K']} | {r['M']} | {r['bf16_linear_ms']:.3f} | {r['bf16_linear_gbs']:.1f} | "
-                     f"{r['bf16_linear_share']:.0%} | {r['int8_head_ms']:.3f} | {r['int8_head_gbs']:.1f} | "
+                     f"{r['bf16_linear_share']:.0%} | {r['bf16_op_ms']:.3f} | {r['bf16_op_gbs']:.1f} | "
+                     f"{r['bf16_op_share']:.0%} | {r['bf16_op_ms'] / r['bf16_linear_ms']:.2f} | {r['int8_head_ms']:.3f} | {r['int8_head_gbs']:.1f} | "
                      f"{r['int8_head_share']:.0%} | {r['int8_head_ms'] / r['bf16_linear_ms']:.2f} | {r['probe_gbs']:.1f} |")
     lines += ["", "| int8 head vs bf16 head | positions | max rel logit err | mean rel logit err | greedy agreement "
               "| ppl bf16 head | ppl int8 head |", "|---|---|---|---|---|---|---|"]

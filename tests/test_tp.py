@@ -20,6 +20,7 @@ from awq_inductor.integrations import transformers as hf  # noqa: E402
 from awq_inductor.transform import tp  # noqa: E402
 from awq_inductor.transform.model_pass import convert  # noqa: E402
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear  # noqa: E402
+from awq_inductor.nn.head import Bf16HeadLinear  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
 ARCHS = ("llama", "qwen2", "qwen3_moe")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias; Qwen3-MoE: 8 experts
@@ -210,7 +211,7 @@ def test_vocab_parallel_lm_head_rows(tmp_path):
     assert torch.equal(rows[:255], full) and not rows[255].any()
     m, _ = _converted(tmp_path / "rep", vocab_size=255)
     tp.shard(m, rank=0, world_size=2, vocab_parallel=False)
-    assert type(m.lm_head) is torch.nn.Linear and m._awq_tp["vocab_parallel"] is False
+    assert type(m.lm_head) in (torch.nn.Linear, Bf16HeadLinear) and m._awq_tp["vocab_parallel"] is False
 
 
 def test_row_parallel_bias_added_once(tmp_path):

@@ -74,7 +74,7 @@ ACT_SCALES_MAPPINGS = {
 }
 _QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 
-_state = {"act_quant": None, "lm_head": None}
+_state = {"act_quant": None, "lm_head": "bf16"}
 
 
 class CheckpointError(ValueError):
@@ -442,13 +442,14 @@ class GptqInductorQuantizer(_InductorQuantizer):
         return fmt
 
 
-def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] = None) -> None:
+def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] = "bf16") -> None:
     """Make transformers 5.x load AWQ and GPTQ int4 checkpoints on CPU into awq_inductor modules.
 
     Idempotent. ``act_quant`` picks the scheme every loaded int4 linear (and fused SiLU-gated MLP)
     is packed for: ``None`` (W4A16: bf16/fp16/fp32 activations) or ``"int8"`` (W4A8: activations
-    quantized per token to int8 inside the kernel). ``lm_head``: None (the checkpoint's float head)
-    or ``"int8"`` (quantized per output channel at load time, ``convert(model, lm_head="int8")``).
+    quantized per token to int8 inside the kernel). ``lm_head``: ``"bf16"`` (default: a bf16 head runs
+    our GEMV at decode, ``convert``'s default), None (the checkpoint's float head untouched) or
+    ``"int8"`` (quantized per output channel at load time, ``convert(model, lm_head="int8")``).
     """
     scheme_for(act_quant)  # validates the choice
     if lm_head not in LM_HEAD_CHOICES:

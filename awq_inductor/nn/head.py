@@ -1,4 +1,5 @@
-"""The int8 ``lm_head`` module (``convert(model, lm_head="int8")``)."""
+"""The ``lm_head`` modules: bf16 on our GEMV (``convert(model)``'s default ``lm_head="bf16"``) and the
+opt-in int8 head (``convert(model, lm_head="int8")``)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -6,7 +7,34 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import int8_head
+from .. import bf16_head, int8_head
+
+#: ``convert(model, lm_head=...)``: None keeps the loaded head as it is, "bf16" (the default) runs a
+#: bf16 head through our GEMV at decode, "int8" quantizes it per channel.
+LM_HEAD_CHOICES = ("bf16", None, "int8")
+
+
+class Bf16HeadLinear(nn.Linear):
+    """A bf16 ``nn.Linear`` head whose forward is ``awq::bf16_linear``: our AVX512-BF16 GEMV for up to
+    :data:`awq_inductor.bf16_head.GEMV_MAX_M` rows (decode), ``F.linear`` above. Made by switching
+    the class of the loaded ``nn.Linear`` in place (:func:`use_bf16_gemv`): same parameters, so a
+    tied input embedding still shares the weight and state dicts keep their keys."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16:
+            return super().forward(x)
+        lead = x.shape[:-1]
+        y = bf16_head.bf16_linear(x.reshape(-1, self.in_features), self.weight, self.bias)
+        return y.reshape(*lead, self.out_features)
+
+
+def use_bf16_gemv(head: nn.Module) -> bool:
+    """Switch a plain bf16 ``nn.Linear`` head to :class:`Bf16HeadLinear` in place; True if switched.
+    Anything else (fp16/fp32 heads, other module types, a CPU without AVX512-BF16) stays as it is."""
+    if type(head) is not nn.Linear or head.weight.dtype != torch.bfloat16 or not bf16_head.gemv_available():
+        return False
+    head.__class__ = Bf16HeadLinear
+    return True
 
 
 class Int8HeadLinear(nn.Module):
@@ -47,14 +75,18 @@ class Int8HeadLinear(nn.Module):
 
 
 def quantize_lm_head(model: nn.Module, lm_head: Optional[str]) -> bool:
-    """Replace the model's output projection (``get_output_embeddings()``, else ``lm_head``) by an
-    :class:`Int8HeadLinear` when ``lm_head == "int8"``; True if replaced. Idempotent."""
+    """Apply ``convert``'s ``lm_head`` choice to the model's output projection
+    (``get_output_embeddings()``, else ``lm_head``): "bf16" switches a bf16 ``nn.Linear`` head to
+    :class:`Bf16HeadLinear` (a model without a head is left alone), "int8" replaces it by an
+    :class:`Int8HeadLinear`; True if the head changed. Idempotent."""
     if lm_head is None:
         return False
-    if lm_head != "int8":
-        raise ValueError(f"lm_head: expected one of (None, 'int8'), got {lm_head!r}")
+    if lm_head not in LM_HEAD_CHOICES:
+        raise ValueError(f"lm_head: expected one of {LM_HEAD_CHOICES}, got {lm_head!r}")
     get = getattr(model, "get_output_embeddings", None)
     head = get() if callable(get) else getattr(model, "lm_head", None)
+    if lm_head == "bf16":
+        return head is not None and use_bf16_gemv(head)
     if isinstance(head, Int8HeadLinear):
         return False
     if head is None:

@@ -60,13 +60,11 @@ from torch import nn
 
 from .. import formats, packing
 from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
-from ..nn.head import quantize_lm_head
+from ..nn.head import LM_HEAD_CHOICES, quantize_lm_head
 from ..progress import track
 from ..schemes import scheme_for
 from . import load_memory, moe as moe_pass
 
-#: ``convert(model, lm_head=...)``: None keeps the loaded head, "int8" quantizes it per channel.
-LM_HEAD_CHOICES = (None, "int8")
 
 #: (fused attribute, parts in output order)
 FUSIONS = (
@@ -426,7 +424,7 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
 # Entry points
 # ---------------------------------------------------------------------------------------------
 def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = True,
-            progress: Optional[bool] = None, lm_head: Optional[str] = None) -> nn.Module:
+            progress: Optional[bool] = None, lm_head: Optional[str] = "bf16") -> nn.Module:
     """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
 
     Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear and
@@ -434,7 +432,9 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     ``awq::int4_mm_a8_silu_mul``, dynamic per-token int8 activations; a later ``convert(model)``
     packs them back to W4A16).
     ``progress``: a tqdm bar over the replaced modules (None: on a terminal only).
-    ``lm_head``: None (the head stays as loaded) or "int8" (opt-in: the output projection becomes
+    ``lm_head``: "bf16" (default: a bf16 ``nn.Linear`` head runs our AVX512-BF16 GEMV at one row,
+    :class:`~awq_inductor.nn.head.Bf16HeadLinear`, same parameters), None (the head stays as loaded)
+    or "int8" (opt-in: the output projection becomes
     an :class:`~awq_inductor.nn.head.Int8HeadLinear`, per-channel symmetric int8 with fp32 scales,
     half the bytes per decoded token; a tied input embedding keeps its own float table).
     """

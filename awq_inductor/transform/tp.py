@@ -58,6 +58,10 @@ from torch import nn
 
 from .model_pass import OutputSlice
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
+from ..nn.head import Bf16HeadLinear
+
+#: dense heads (convert's default lm_head="bf16" switches a bf16 nn.Linear to Bf16HeadLinear in place)
+_DENSE_HEADS = (nn.Linear, Bf16HeadLinear)
 
 
 class TPError(ValueError):
@@ -163,7 +167,7 @@ class VocabParallelLMHead(nn.Module):
 
 def _plan_lm_head(model: nn.Module, rank: int, world: int, group) -> Plan:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(head) is not nn.Linear or world == 1:
+    if type(head) not in _DENSE_HEADS or world == 1:
         return []  # not a dense head (or nothing to split): replicated
     name = next(n for n, m in model.named_modules() if m is head)
     parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
@@ -814,7 +818,7 @@ def load(model_dir: str, group=None, *, rank: Optional[int] = None, world_size: 
         used.update(f"{key}.{t}" for t in ("qweight", "qzeros", "scales", "bias", "g_idx"))
     # everything else (embeddings, norms, lm_head): read whole, or by vocabulary rows for a split head
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_name = next((n for n, m in model.named_modules() if m is head), None) if type(head) is nn.Linear else None
+    head_name = next((n for n, m in model.named_modules() if m is head), None) if type(head) in _DENSE_HEADS else None
     split_head = vocab_parallel and world > 1 and head_name is not None \
         and f"{ckey(head_name)}.weight" in reader and not getattr(text, "tie_word_embeddings", False)
     qnames = {n for n, _ in quantized}

@@ -1,0 +1,97 @@
+"""The bf16 ``lm_head`` at decode (``convert(model)``'s default ``lm_head="bf16"``): our AVX512-BF16 GEMV.
+
+    awq::bf16_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor
+
+``weight`` bf16 [N, K] (the head's own parameter: nothing is copied, a tied embedding stays the same
+tensor), ``x`` [M, K] bf16, ``bias`` [N] or None; returns ``x @ weight.T (+ bias)`` in bf16, products
+exact and sums in fp32. Up to :data:`GEMV_MAX_M` rows run the C++ GEMV
+(``csrc_templates/head/bf16_linear.cpp.j2``: one pass over the weight for all rows, threads on
+contiguous channel ranges); more rows, or a CPU without AVX512-BF16, call ``F.linear`` (oneDNN).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import config
+
+#: Rows up to which the GEMV runs, measured against F.linear (32000 x 4096, 2 threads, interleaved
+#: with the read probe; benchmarks/results/bench_head_gemv_idle.md and bench_head_gemv.txt): its time
+#: is 0.72x F.linear's at M=1 (86% vs 62% of the probe), 1.00x at M=2, 1.31x at M=4 on the quieter VM
+#: (0.93x at M=4 under load): x rows (8 KiB each at K = 4096) crowd the 32 KiB L1 as M grows. So the
+#: GEMV serves batch-1 decode only and F.linear everything else.
+GEMV_MAX_M = 1
+#: Weight channels streamed together for one row: 8 gave 0.89x the time of 4 at M=1 (same run).
+KC_ONE_ROW = 8
+SCHEMA = "(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
+
+
+def check_args(x, weight, bias) -> None:
+    """ValueError naming the tensor, the expected and the actual value (works on fake tensors)."""
+    if x.dtype != torch.bfloat16 or x.dim() != 2:
+        raise ValueError(f"x: expected a bfloat16 [M, K] tensor, got {x.dtype} {list(x.shape)}")
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        raise ValueError(f"weight: expected bfloat16 [N, K], got {weight.dtype} {list(weight.shape)}")
+    N, K = weight.shape
+    if x.shape[1] != K:
+        raise ValueError(f"x: expected last dim K={K} (weight {list(weight.shape)}), got {x.shape[1]}")
+    if bias is not None and (bias.dim() != 1 or bias.shape[0] != N):
+        raise ValueError(f"bias: expected [{N}], got {bias.dtype} {list(bias.shape)}")
+
+
+def gemv_available() -> bool:
+    """The GEMV needs AVX512-BF16 (the avx512 or amx ISA); elsewhere the head stays on F.linear."""
+    from .kernels import isa as isa_mod
+
+    return isa_mod.select() != "portable"
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(kc_one_row: int = KC_ONE_ROW):
+    from .kernels import codegen, native
+
+    src = codegen.env().get_template("head/bf16_linear.cpp.j2").render(kc1=kc_one_row)
+    flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
+    fn = ctypes.CDLL(native.build(src, flags, name="awq_bf16_linear", isa="avx512")).awq_bf16_linear
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [vp, i64, vp, vp, i64, i64, ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, kc_one_row: int = KC_ONE_ROW) -> torch.Tensor:
+    """fp32 [M, N] = x @ weight.T by the C++ GEMV (x, weight contiguous bf16; M <= GEMV_MAX_M)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    y = torch.empty((M, N), dtype=torch.float32)
+    nt = config.num_threads or torch.get_num_threads()
+    _kernel(kc_one_row)(x.data_ptr(), M, weight.data_ptr(), y.data_ptr(), N, K, nt)
+    return y
+
+
+def _cpu(x, weight, bias):
+    check_args(x, weight, bias)
+    if x.shape[0] == 0 or x.shape[0] > GEMV_MAX_M or not gemv_available():
+        return F.linear(x, weight, None if bias is None else bias.to(x.dtype))
+    y = gemv(x.contiguous(), weight.contiguous())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def _fake(x, weight, bias):
+    check_args(x, weight, bias)
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+torch.library.define("awq::bf16_linear", SCHEMA)
+torch.library.register_fake("awq::bf16_linear", _fake)
+torch.library.impl("awq::bf16_linear", "CPU", _cpu)
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    return torch.ops.awq.bf16_linear(x, weight, bias)
