@@ -79,6 +79,37 @@ def test_amx_emulated(name):
         check(name, torch.randn(80, H).bfloat16(), ids, tw, W, G, I)
 
 
+NEVER = 1 << 40
+#: fp32 x: the exact-FMA row kernel for every M / the dequantize-once panel kernel for every M
+PLANS = {"rows": {"panel_min_m": NEVER}, "panel": {"panel_min_m": 0}}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_experts_run_the_plan_of_their_shapes(name):
+    """One expert, weight 1: the op must equal the dense gate|up op then the down op bitwise under the
+    same forced plan, for two plans that give different results (W4A16 fp32: row vs panel kernel),
+    so the plan reaches the experts' GEMMs (the eager entry's Thresholds arguments)."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    H, I, G = 128, 64, 32
+    mop = MOE_OPS[name]
+    W = moe.pack_experts(mop, *experts(1, H, I, G, seed=9), G, I)
+    nw = len(mop.scheme.weights)
+    w13, w2 = [t[0] for t in W[:nw]], [t[0] for t in W[nw:]]
+    T = 24
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(10))
+    ids, tw = torch.zeros(T, 1, dtype=torch.int64), torch.ones(T, 1)
+    outs = {}
+    for tag, plan in PLANS.items():
+        with config.patch(kernel_plan=plan):
+            y = mop.torch_op(x, ids, tw, *W, G, I)
+            h = mop.w13.torch_op(x, *w13, None, G, I)
+            torch.testing.assert_close(y, mop.w2.torch_op(h, *w2, None, G, H), rtol=0, atol=0)
+        outs[tag] = y
+    if mop.scheme.act_quant is None and isa_mod.select() != "portable":
+        assert not torch.equal(outs["rows"], outs["panel"])  # the two plans did take different paths
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_reads_only_selected_experts(name):
     """Unselected experts' scales are NaN: the result must not see them."""
