@@ -162,7 +162,9 @@ def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes
                                "permission; set awq_inductor.config.force_isa = 'avx512'")
     header = codegen.render_header(mop.scheme, isa, x_dtype, emulate)
     kw = dict(isa=isa, x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
-    src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header, **kw)
+    moe_header = codegen.render_moe_header(mop, isa, x_dtype, emulate)
+    src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header,
+                                                                       moe_header=moe_header, **kw)
     so = native.build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
                       isa=isa + ("-emulated" if emulate else ""))
     return ctypes.CDLL(so)

@@ -62,27 +62,38 @@ def bench_op(a):
     for M in a.m:
         x = torch.randn(M, H).bfloat16()
         routes = [torch.softmax(torch.randn(M, E, generator=g), -1).topk(k, -1) for _ in range(64)]
-        runs = [(name, nt) for name in MOE_OPS for nt in a.op_threads]
+        runs = [(name, nt, pl) for name in MOE_OPS for nt in a.op_threads for pl in a.plans]
         times = {r: [] for r in runs}
         nsel = {r: [] for r in runs}
         i = 0
         for rep in range(a.reps):
-            for name, nt in runs:
+            for name, nt, pl in runs:
                 tw, ids = routes[i % len(routes)]
                 i += 1
-                with config.patch(num_threads=nt):
+                with config.patch(num_threads=nt, kernel_plan=PLANS[pl]):
                     t0 = time.perf_counter()
                     MOE_OPS[name].torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
-                    times[(name, nt)].append(time.perf_counter() - t0)
-                nsel[(name, nt)].append(len(set(ids.flatten().tolist())))
-        for name, nt in runs:
-            t = statistics.median(times[(name, nt)][2:])
-            ne = statistics.mean(nsel[(name, nt)])
+                    times[(name, nt, pl)].append(time.perf_counter() - t0)
+                nsel[(name, nt, pl)].append(len(set(ids.flatten().tolist())))
+        for name, nt, pl in runs:
+            t = statistics.median(times[(name, nt, pl)][2:])
+            ne = statistics.mean(nsel[(name, nt, pl)])
             gbps = experts_bytes(MOE_OPS[name], H, I, G, ne) / t / 1e9
-            res[f"{name} M={M} threads={nt}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne}
-            print(f"  {name:<12} M={M:<4} threads {nt}  {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} selected "
-                  f"experts ({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+            tag = "" if a.plans == ["tuned"] else f" plan={pl}"
+            res[f"{name} M={M} threads={nt}{tag}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne}
+            print(f"  {name:<12} M={M:<4} threads {nt} {pl:<9} {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} "
+                  f"selected experts ({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+        if "constants" in a.plans and "tuned" in a.plans:
+            for name in MOE_OPS:
+                for nt in a.op_threads:
+                    c, t = (res[f"{name} M={M} threads={nt} plan={pl}"]["ms"] for pl in ("constants", "tuned"))
+                    print(f"  {name:<12} M={M:<4} threads {nt}  tuned plan / constants: {c / t:5.2f}x faster")
     return res
+
+
+#: --plans: "tuned" is the per-machine plan (config.tune; plan_for), "constants" forces the
+#: thresholds the experts used before they took the tuned plans (awq::Thresholds{} defaults)
+PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}}
 
 
 def qwen3_moe_config(a):
@@ -149,6 +160,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--op-threads", type=int, nargs="*", default=[1, 2],
                    help="op part: thread counts, interleaved (a loaded 2-core VM makes 2-thread regions wait)")
+    p.add_argument("--plans", nargs="*", default=["tuned"], choices=sorted(PLANS),
+                   help="op part: kernel plans of the experts' GEMMs, interleaved (constants: the old fixed thresholds)")
     p.add_argument("--methods", default="compiled,eager")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))
