@@ -332,3 +332,16 @@ def test_template_falls_back_to_the_extern_call():
     assert lowering.use_moe_template(buf([3, 64]), buf([3, s], torch.int64), tw, W) == "symbolic top-k=s0"
     assert lowering.use_moe_template(buf([3, 64]), ids, tw, [buf([s, 2, 32, 32], torch.uint8)] + W[1:]) \
         == "symbolic w13_qweight shape [s0, 2, 32, 32]"
+
+
+def test_template_bad_ids_give_nan_rows_not_partial_sums(inductor_clean):
+    """The compiled kernel cannot raise on an id outside [0, E) (the eager op does): that token's row
+    is NaN, the other rows are right."""
+    H, I, G, E = 64, 64, 32, 4
+    mop = MOE_OPS["int4_moe"]
+    m = _Experts(mop, moe.pack_experts(mop, *experts(E, H, I, G, seed=14), G, I), G, I)
+    x = torch.randn(3, H)
+    ids, tw = routing(3, E, 2)
+    y = torch.compile(m, fullgraph=True)(x, torch.cat([ids[:2], torch.tensor([[0, E]])]), tw)
+    assert torch.isnan(y[2]).all()
+    torch.testing.assert_close(y[:2], m(x[:2], ids[:2], tw[:2]), rtol=1e-5, atol=1e-5)
