@@ -66,8 +66,8 @@ def templates_dir() -> Path:
 
 
 def sources_hash() -> str:
-    """sha256 over csrc_templates/**/*.j2, this file, kernels/{codegen,cache_key,isa}.py and
-    codegen.templates_hash().
+    """sha256 over csrc_templates/**/*.j2, this file, kernels/{codegen,cache_key,isa}.py, moe.py (the
+    MoE template's plan lookup) and codegen.templates_hash().
 
     Used as the uuid of the FX-graph-cache pass (see :func:`cache_pass`): Inductor's FX cache key
     does not cover third-party lowerings, so without it an edited template hits stale code.
@@ -75,7 +75,7 @@ def sources_hash() -> str:
     h = hashlib.sha256()
     kernels = Path(codegen.__file__).resolve().parent
     files = sorted(templates_dir().rglob("*.j2")) + [Path(__file__).resolve()] + [
-        kernels / f for f in ("codegen.py", "cache_key.py", "isa.py")]
+        kernels / f for f in ("codegen.py", "cache_key.py", "isa.py")] + [kernels.parent / "moe.py"]
     for f in files:
         h.update(f.name.encode())
         try:
