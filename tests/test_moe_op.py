@@ -322,16 +322,19 @@ def test_template_falls_back_to_the_extern_call():
     def buf(size, dtype=torch.float32):
         return ir.Buffer(name="b", layout=ir.FixedLayout(torch.device("cpu"), dtype, size))
 
+    mop = MOE_OPS["int4_moe"]
     s = sympy.Symbol("s0", positive=True, integer=True)
     W = [buf([4, 2, 32, 32], torch.uint8), buf([4, 2, 128]), buf([4, 2, 128], torch.uint8)] * 2
     ids, tw = buf([3, 2], torch.int64), buf([3, 2])
-    assert lowering.use_moe_template(buf([3, 64]), ids, tw, W) is None
-    assert lowering.use_moe_template(buf([s, 64]), ids, tw, W) is None
-    assert lowering.use_moe_template(buf([3, s]), ids, tw, W) == "symbolic H=s0"
-    assert lowering.use_moe_template(buf([0, 64]), ids, tw, W) == "T == 0"
-    assert lowering.use_moe_template(buf([3, 64]), buf([3, s], torch.int64), tw, W) == "symbolic top-k=s0"
-    assert lowering.use_moe_template(buf([3, 64]), ids, tw, [buf([s, 2, 32, 32], torch.uint8)] + W[1:]) \
+    assert lowering.use_moe_template(mop, buf([3, 64]), ids, tw, W) is None
+    assert lowering.use_moe_template(mop, buf([s, 64]), ids, tw, W) is None
+    assert lowering.use_moe_template(mop, buf([3, s]), ids, tw, W) == "symbolic H=s0"
+    assert lowering.use_moe_template(mop, buf([0, 64]), ids, tw, W) == "T == 0"
+    assert lowering.use_moe_template(mop, buf([3, 64]), buf([3, s], torch.int64), tw, W) == "symbolic top-k=s0"
+    assert lowering.use_moe_template(mop, buf([3, 64]), ids, tw, [buf([s, 2, 32, 32], torch.uint8)] + W[1:]) \
         == "symbolic w13_qweight shape [s0, 2, 32, 32]"
+    assert lowering.use_moe_template(mop, buf([3, 64]), ids, tw, W[:3] + [buf([s, 2, 32, 32], torch.uint8)] + W[4:]) \
+        == "symbolic w2_qweight shape [s0, 2, 32, 32]"
 
 
 def test_template_bad_ids_give_nan_rows_not_partial_sums(inductor_clean):

@@ -353,7 +353,7 @@ class AwqMoeTemplate(CppTemplate):
         return _inductor_env().get_template(MOE_TEMPLATE_NAME).render(**options)
 
 
-def use_moe_template(x, topk_ids, topk_weights, weights) -> Optional[str]:
+def use_moe_template(mop: MoeOp, x, topk_ids, topk_weights, weights) -> Optional[str]:
     """None if the MoE template applies, else the reason for the extern call."""
     if x.get_device() is None or x.get_device().type != "cpu":
         return f"device {x.get_device()} is not cpu"
@@ -365,7 +365,7 @@ def use_moe_template(x, topk_ids, topk_weights, weights) -> Optional[str]:
         return f"symbolic H={x.get_size()[1]}"
     if free_symbols(topk_ids.get_size()[1]):
         return f"symbolic top-k={topk_ids.get_size()[1]}"
-    for name, t in zip(MOE_OPS["int4_moe_a8"].weight_names(), weights):
+    for name, t in zip(mop.weight_names(), weights):
         if not _is_static(t):
             return f"symbolic {name} shape {list(t.get_size())}"
     m = x.get_size()[0]
@@ -380,7 +380,7 @@ def lower_moe(mop: MoeOp, x, topk_ids, topk_weights, *args):
     Inductor (fused with the routing that produced them); the template buffer refuses epilogue
     fusion (its output is the driver's sum over top-k, no per-tile store to fuse into)."""
     *weights, group_size, intermediate_size = args
-    why = use_moe_template(x, topk_ids, topk_weights, weights)
+    why = use_moe_template(mop, x, topk_ids, topk_weights, weights)
     if why is not None:
         log.debug("%s: extern fallback (%s)", mop.name, why)
         return L.fallback_handler(mop.torch_op.default, add_to_fallback_set=False)(x, topk_ids, topk_weights, *args)
