@@ -14,20 +14,24 @@ entry of :data:`awq_inductor.schemes.MOE_OPS`:
 * ``w2_*``: every expert's down weight in the layout of ``awq::<scheme>`` (H columns, K = I), stacked.
 * Returns [T, H] in x's dtype: ``sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))``.
 
-The eager kernel (``csrc_templates/moe/experts.h.j2`` around the scheme's header) sorts the
+The kernel (``csrc_templates/moe/experts.h.j2`` around the scheme's header) sorts the
 (token, slot) pairs by expert, gathers each selected expert's rows and runs the scheme's one driver
-for gate|up (SiLU * mul epilogue) and down, so only selected experts' weights are read.
+for gate|up (SiLU * mul epilogue) and down, so only selected experts' weights are read. Each of
+the two GEMMs takes the per-machine plan of its shape (:func:`expert_plans`: the thresholds that
+pick the kernel path from an expert's row count). The eager entry (``entry/moe_eager.cpp.j2``)
+takes the plans as arguments; under ``torch.compile`` the Inductor template
+(``inductor/lowering.py``, ``entry/moe_inductor.cpp.j2``) renders them into the generated code.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 
 from . import config, packing
-from .kernels import codegen, isa as isa_mod, native
+from .kernels import codegen, isa as isa_mod, native, tuner
 from .ops import _check_group_size, _check_x, _quantize_rows
 from .schemes import MOE_OPS, W4A16, MoeOp
 
@@ -139,6 +143,16 @@ def reference(name: str, x, topk_ids, topk_weights, *args, quantize_x: bool = Fa
     return out.to(x.dtype)
 
 
+def expert_plans(mop: MoeOp, isa: str, x_dtype: torch.dtype, hidden_size: int, intermediate_size: int,
+                 group_size: int) -> Tuple[tuner.Plan, tuner.Plan]:
+    """(plan of gate|up, plan of down): ``tuner.plan_for`` of the dense ops with the experts' shapes,
+    ``awq::<scheme>_silu_mul`` K = H, N = 2I and ``awq::<scheme>`` K = I, N = H (tuned, cached or the
+    constants, as ``config.tune`` says). ``dense_min_m`` is not used: the experts op has no dense
+    fallback (it would dequantize every selected expert per call)."""
+    H, I, G = hidden_size, intermediate_size, group_size
+    return (tuner.plan_for(mop.w13, isa, x_dtype, H, I, G), tuner.plan_for(mop.w2, isa, x_dtype, I, H, G))
+
+
 @functools.lru_cache(maxsize=None)
 def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
     mop = MOE_OPS[name]
@@ -148,7 +162,9 @@ def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes
                                "permission; set awq_inductor.config.force_isa = 'avx512'")
     header = codegen.render_header(mop.scheme, isa, x_dtype, emulate)
     kw = dict(isa=isa, x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
-    src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header, **kw)
+    moe_header = codegen.render_moe_header(mop, isa, x_dtype, emulate)
+    src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header,
+                                                                       moe_header=moe_header, **kw)
     so = native.build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
                       isa=isa + ("-emulated" if emulate else ""))
     return ctypes.CDLL(so)
@@ -160,19 +176,21 @@ def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callabl
     fn = getattr(_library(name, isa, x_dtype, emulate), f"{mop.c_entry}_{codegen.dtype_name(x_dtype)}")
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     nw = len(mop.scheme.weights)
-    # x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads
-    fn.argtypes = [vp, i64, vp, vp, i64] + [vp] * (2 * nw) + [vp, i64, i64, i64, i64, ctypes.c_int]
+    # x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads, Thresholds of w13 (3), of w2 (3)
+    fn.argtypes = [vp, i64, vp, vp, i64] + [vp] * (2 * nw) + [vp, i64, i64, i64, i64, ctypes.c_int] + [i64] * 6
     fn.restype = None
 
-    def kernel(x, topk_ids, topk_weights, *args):
+    def kernel(x, topk_ids, topk_weights, *args, plans: Optional[Tuple[tuner.Plan, tuner.Plan]] = None):
+        """``plans``: (gate|up, down) thresholds (default: the constants)."""
         *weights, group_size, I = args
+        p13, p2 = plans or (tuner.default_plan(), tuner.default_plan())
         T, H = x.shape
         out = torch.empty((T, H), dtype=x.dtype)
         ids = topk_ids.to(torch.int64).contiguous()
         tw = topk_weights.to(torch.float32).contiguous()
         nt = config.num_threads or torch.get_num_threads()
         fn(x.data_ptr(), T, ids.data_ptr(), tw.data_ptr(), ids.shape[1], *(w.data_ptr() for w in weights),
-           out.data_ptr(), weights[0].shape[0], H, I, group_size, nt)
+           out.data_ptr(), weights[0].shape[0], H, I, group_size, nt, *p13.cxx_args(), *p2.cxx_args())
         return out
 
     kernel.isa = isa  # type: ignore[attr-defined]
@@ -208,7 +226,10 @@ def _register(mop: MoeOp) -> None:
         if x.shape[0] == 0:
             return x.new_empty(x.shape)
         args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
-        return get_kernel(mop.name, x.dtype)(x.contiguous(), topk_ids, topk_weights, *args)
+        kern = get_kernel(mop.name, x.dtype)
+        # the per-machine plans of the two GEMM shapes (memoised: looked up or measured once)
+        plans = expert_plans(mop, kern.isa, x.dtype, x.shape[1], args[-1], args[-2])
+        return kern(x.contiguous(), topk_ids, topk_weights, *args, plans=plans)
 
     torch.library.register_fake(f"awq::{mop.name}", fake)
     torch.library.impl(f"awq::{mop.name}", "CPU", cpu)

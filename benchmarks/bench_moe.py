@@ -17,15 +17,18 @@ so lm_head does not dominate a 2-layer slice.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
+import unittest.mock
 
 import torch
 
 from awq_inductor import config, moe, testing
+from awq_inductor.kernels import tuner
 from awq_inductor.schemes import MOE_OPS
 
 
@@ -62,27 +65,38 @@ def bench_op(a):
     for M in a.m:
         x = torch.randn(M, H).bfloat16()
         routes = [torch.softmax(torch.randn(M, E, generator=g), -1).topk(k, -1) for _ in range(64)]
-        runs = [(name, nt) for name in MOE_OPS for nt in a.op_threads]
+        runs = [(name, nt, pl) for name in MOE_OPS for nt in a.op_threads for pl in a.plans]
         times = {r: [] for r in runs}
         nsel = {r: [] for r in runs}
         i = 0
         for rep in range(a.reps):
-            for name, nt in runs:
+            for name, nt, pl in runs:
                 tw, ids = routes[i % len(routes)]
                 i += 1
-                with config.patch(num_threads=nt):
+                with config.patch(num_threads=nt, kernel_plan=PLANS[pl]):
                     t0 = time.perf_counter()
                     MOE_OPS[name].torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
-                    times[(name, nt)].append(time.perf_counter() - t0)
-                nsel[(name, nt)].append(len(set(ids.flatten().tolist())))
-        for name, nt in runs:
-            t = statistics.median(times[(name, nt)][2:])
-            ne = statistics.mean(nsel[(name, nt)])
+                    times[(name, nt, pl)].append(time.perf_counter() - t0)
+                nsel[(name, nt, pl)].append(len(set(ids.flatten().tolist())))
+        for name, nt, pl in runs:
+            t = statistics.median(times[(name, nt, pl)][2:])
+            ne = statistics.mean(nsel[(name, nt, pl)])
             gbps = experts_bytes(MOE_OPS[name], H, I, G, ne) / t / 1e9
-            res[f"{name} M={M} threads={nt}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne}
-            print(f"  {name:<12} M={M:<4} threads {nt}  {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} selected "
-                  f"experts ({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+            tag = "" if a.plans == ["tuned"] else f" plan={pl}"
+            res[f"{name} M={M} threads={nt}{tag}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne}
+            print(f"  {name:<12} M={M:<4} threads {nt} {pl:<9} {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} "
+                  f"selected experts ({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+        if "constants" in a.plans and "tuned" in a.plans:
+            for name in MOE_OPS:
+                for nt in a.op_threads:
+                    c, t = (res[f"{name} M={M} threads={nt} plan={pl}"]["ms"] for pl in ("constants", "tuned"))
+                    print(f"  {name:<12} M={M:<4} threads {nt}  tuned plan / constants: {c / t:5.2f}x faster")
     return res
+
+
+#: --plans: "tuned" is the per-machine plan (config.tune; plan_for), "constants" forces the
+#: thresholds the experts used before they took the tuned plans (awq::Thresholds{} defaults)
+PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}}
 
 
 def qwen3_moe_config(a):
@@ -95,6 +109,18 @@ def qwen3_moe_config(a):
         max_position_embeddings=4096, tie_word_embeddings=False)
 
 
+@contextlib.contextmanager
+def _experts_plans(pl: str):
+    """e2e: the experts' GEMMs with their tuned plans, or (``constants``) with the fixed thresholds
+    they used before (moe.expert_plans swapped; only the experts op, the dense linears keep theirs)."""
+    if pl == "tuned":
+        yield
+        return
+    const = tuner.forced_plan(PLANS[pl])
+    with unittest.mock.patch.object(moe, "expert_plans", lambda *args: (const, const)):
+        yield
+
+
 def bench_e2e(a):
     import transformers
 
@@ -102,29 +128,46 @@ def bench_e2e(a):
     from awq_inductor.__main__ import bench
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        ref = testing.save_quantized(testing.build_float_model(qwen3_moe_config(a), dtype=torch.bfloat16), d,
-                                     format="gemm", group_size=a.group_size)
-        ref = ref.to(torch.bfloat16).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = a.ckpt or tmp
+        if a.ckpt and os.path.exists(os.path.join(d, "dequantized_bf16", "config.json")):
+            # built before (outside the timing lock): the AWQ checkpoint and its dequantized bf16 model
+            ref = transformers.AutoModelForCausalLM.from_pretrained(
+                os.path.join(d, "dequantized_bf16"), dtype=torch.bfloat16)
+        else:
+            ref = testing.save_quantized(testing.build_float_model(qwen3_moe_config(a), dtype=torch.bfloat16), d,
+                                         format="gemm", group_size=a.group_size)
+            ref = ref.to(torch.bfloat16).eval()
+            if a.ckpt:
+                ref.save_pretrained(os.path.join(d, "dequantized_bf16"))
+        if a.build_only:
+            return {}
+        ref = ref.eval()
         models = {}
-        for aq in (None, "int8"):
-            patch_transformers(act_quant=aq)
-            models[aq] = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+        for aq in a.act_quants:
+            patch_transformers(act_quant=None if aq == "none" else aq, lm_head=a.lm_head)
+            models[None if aq == "none" else aq] = transformers.AutoModelForCausalLM.from_pretrained(
+                d, dtype=torch.bfloat16).eval()
         patch_transformers()
     print(f"built and loaded in {time.perf_counter() - t0:.1f}s; transformers experts implementation: "
           f"{getattr(ref.config, '_experts_implementation', None)!r}", flush=True)
     ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
     res = {}
+    if a.plans != ["tuned"]:
+        # the generated code differs by plan but the FX cache key does not see the swapped plans
+        torch._inductor.config.force_disable_caches = True
     for aq, model in models.items():
-        tag = "W4A8" if aq else "W4A16"
-        if "compiled" in a.methods:
-            fwd = model.forward
-            model.forward = torch.compile(fwd, backend="awq_inductor")
-            res[f"ours {tag} compiled"] = bench(model, ids, a.new_tokens, f"ours {tag} compiled")[:2]
-            model.forward = fwd
-            torch._dynamo.reset()
-        if "eager" in a.methods:
-            res[f"ours {tag} eager"] = bench(model, ids, a.new_tokens, f"ours {tag} eager")[:2]
+        for pl in a.plans:
+            tag = ("W4A8" if aq else "W4A16") + ("" if a.plans == ["tuned"] else f" experts plan={pl}")
+            with _experts_plans(pl):
+                if "compiled" in a.methods:
+                    fwd = model.forward
+                    model.forward = torch.compile(fwd, backend="awq_inductor")
+                    res[f"ours {tag} compiled"] = bench(model, ids, a.new_tokens, f"ours {tag} compiled")[:2]
+                    model.forward = fwd
+                    torch._dynamo.reset()
+                if "eager" in a.methods:
+                    res[f"ours {tag} eager"] = bench(model, ids, a.new_tokens, f"ours {tag} eager")[:2]
     res["transformers bf16"] = bench(ref, ids, a.new_tokens, "transformers bf16 (dequantized)")[:2]
     base = res["transformers bf16"]
     for k, (pf, dc) in res.items():
@@ -149,7 +192,16 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--op-threads", type=int, nargs="*", default=[1, 2],
                    help="op part: thread counts, interleaved (a loaded 2-core VM makes 2-thread regions wait)")
+    p.add_argument("--plans", nargs="*", default=["tuned"], choices=sorted(PLANS),
+                   help="kernel plans of the experts' GEMMs (constants: the old fixed thresholds); op part: "
+                        "interleaved calls; e2e: one after the other in this process, Inductor caches off")
     p.add_argument("--methods", default="compiled,eager")
+    p.add_argument("--ckpt", default=None, metavar="DIR",
+                   help="e2e: keep the random checkpoint here and reuse it (build it once outside a timing lock)")
+    p.add_argument("--build-only", action="store_true", help="e2e: only build --ckpt DIR")
+    p.add_argument("--act-quants", nargs="*", default=["none", "int8"], choices=["none", "int8"],
+                   help="e2e: our models, W4A16 (none) and/or W4A8 (int8)")
+    p.add_argument("--lm-head", default=None, choices=["int8"], help="e2e: our models' lm_head (default: bf16)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))
     a = p.parse_args(argv)

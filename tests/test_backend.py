@@ -115,7 +115,12 @@ def test_sources_hash_covers_j2_files(monkeypatch, tmp_path):
     monkeypatch.setattr(lowering, "templates_dir", lambda: tdir)
     h0 = lowering.sources_hash()
     (tdir / lowering.TEMPLATE_NAME).write_text((tdir / lowering.TEMPLATE_NAME).read_text() + "\n// edit\n")
-    assert lowering.sources_hash() != h0
+    h1 = lowering.sources_hash()
+    assert h1 != h0
+    for name in (lowering.MOE_TEMPLATE_NAME, "moe/experts.h.j2"):  # the MoE template and what it inlines
+        (tdir / name).write_text((tdir / name).read_text() + "\n// edit\n")
+        assert lowering.sources_hash() != h1
+        h1 = lowering.sources_hash()
 
 
 def test_entry_point_without_importing_package():

@@ -32,6 +32,19 @@ def test_bench_moe_op_smoke():
         assert r["ms"] > 0 and r["experts"] == 8
 
 
+def test_bench_moe_op_plans_smoke():
+    """--plans constants tuned: both plans of the experts' GEMMs timed, interleaved, per op."""
+    path = os.path.join(os.path.dirname(BENCH), "bench_moe.py")
+    spec = importlib.util.spec_from_file_location("bench_moe", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--smoke", "--part", "op", "--threads", "1", "--op-threads", "1", "--m", "1",
+                    "--plans", "constants", "tuned"])
+    for name in ("int4_moe", "int4_moe_a8"):
+        for pl in ("constants", "tuned"):
+            assert out["op"][f"{name} M=1 threads=1 plan={pl}"]["ms"] > 0
+
+
 def test_bench_report_smoke(tmp_path):
     """The report runs, names the kernel per M and checks the 1.05x guarantee column."""
     path = os.path.join(os.path.dirname(BENCH), "bench_report.py")

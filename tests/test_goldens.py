@@ -226,6 +226,53 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
                 self.assertNotIn(dont, code, isa)
 
 
+class TestMoeGolden(GoldenTestCase):
+    """awq::int4_moe through AwqMoeTemplate (entry/moe_inductor.cpp.j2): the experts driver call
+    with both GEMM shapes' plans rendered in; the scheme and MoE headers inlined verbatim."""
+
+    def test_int4_moe_avx512_dynamic(self):
+        from awq_inductor import moe
+
+        E, H, I, G, k, T = 4, 128, 64, 64, 2, 6
+        g = torch.Generator().manual_seed(21)
+        canon = lambda n, kk: (torch.randint(0, 16, (n, kk), dtype=torch.uint8, generator=g),  # noqa: E731
+                               torch.randint(0, 16, (n, kk // G), dtype=torch.uint8, generator=g),
+                               torch.rand(n, kk // G, generator=g) * 0.05)
+        mop = schemes.MOE_OPS["int4_moe"]
+        W = moe.pack_experts(mop, [canon(2 * I, H) for _ in range(E)], [canon(H, I) for _ in range(E)], G, I)
+        x = torch.randn(T, H, generator=g).bfloat16()
+        tw, ids = torch.softmax(torch.randn(T, E, generator=g), -1).topk(k, -1)
+        for t in (x, ids, tw):
+            torch._dynamo.mark_dynamic(t, 0)
+        f = torch.compile(lambda a, b, c: mop.torch_op(a, b, c, *W, G, I), fullgraph=True)
+        with awq_config.patch(force_isa="avx512"):
+            out, code = compile_code(f, x, ids, tw)
+            # (4 Inductor threads here, the eager op's thread count may differ: K-slicing may too)
+            assert_close_scaled(out, mop.torch_op(x, ids, tw, *W, G, I))
+            header = codegen.render_header(schemes.W4A16, "avx512", torch.bfloat16)
+            self.assertIn(codegen.render_moe_header(mop, "avx512", torch.bfloat16), code)
+        self.assertExpectedInline(self.golden_region(code, "int4_moe", header=header), """\
+// BEGIN awq
+extern "C"
+void kernel(const at::BFloat16* X, const int64_t* IDS, const float* TW, const uint8_t* W13_QW, const float* W13_S, const uint8_t* W13_Z, const uint8_t* W2_QW, const float* W2_S, const uint8_t* W2_Z, at::BFloat16* Y, const int64_t s0)
+{
+    // awq::int4_moe  isa=avx512  E=4  H=128  I=64  G=64  top-k=2  threads=4
+    constexpr int64_t E = 4;
+    constexpr int64_t H = 128;
+    constexpr int64_t I = 64;
+    constexpr int64_t G = 64;
+    constexpr int64_t topk = 2;
+    const int64_t T = static_cast<int64_t>(s0);
+    if (T <= 0) return;
+    awq::int4_moe_driver(
+        X, T, IDS, TW, topk, W13_QW, W13_S, W13_Z,
+        W2_QW, W2_S, W2_Z, Y, E, H, I, G, 4,
+        awq::Thresholds{5, 8, 9},  // gate|up plan: default
+        awq::Thresholds{5, 8, 9});  // down plan: default
+}
+// END awq""")
+
+
 if __name__ == "__main__":
     import unittest
 

@@ -79,6 +79,37 @@ def test_amx_emulated(name):
         check(name, torch.randn(80, H).bfloat16(), ids, tw, W, G, I)
 
 
+NEVER = 1 << 40
+#: fp32 x: the exact-FMA row kernel for every M / the dequantize-once panel kernel for every M
+PLANS = {"rows": {"panel_min_m": NEVER}, "panel": {"panel_min_m": 0}}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_experts_run_the_plan_of_their_shapes(name):
+    """One expert, weight 1: the op must equal the dense gate|up op then the down op bitwise under the
+    same forced plan, for two plans that give different results (W4A16 fp32: row vs panel kernel),
+    so the plan reaches the experts' GEMMs (the eager entry's Thresholds arguments)."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    H, I, G = 128, 64, 32
+    mop = MOE_OPS[name]
+    W = moe.pack_experts(mop, *experts(1, H, I, G, seed=9), G, I)
+    nw = len(mop.scheme.weights)
+    w13, w2 = [t[0] for t in W[:nw]], [t[0] for t in W[nw:]]
+    T = 24
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(10))
+    ids, tw = torch.zeros(T, 1, dtype=torch.int64), torch.ones(T, 1)
+    outs = {}
+    for tag, plan in PLANS.items():
+        with config.patch(kernel_plan=plan):
+            y = mop.torch_op(x, ids, tw, *W, G, I)
+            h = mop.w13.torch_op(x, *w13, None, G, I)
+            torch.testing.assert_close(y, mop.w2.torch_op(h, *w2, None, G, H), rtol=0, atol=0)
+        outs[tag] = y
+    if mop.scheme.act_quant is None and isa_mod.select() != "portable":
+        assert not torch.equal(outs["rows"], outs["panel"])  # the two plans did take different paths
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_reads_only_selected_experts(name):
     """Unselected experts' scales are NaN: the result must not see them."""
@@ -161,6 +192,8 @@ def test_compile_fullgraph_dynamic_t(name, inductor_clean):
         x = torch.randn(T, H)
         torch.testing.assert_close(cf(x), f(x), rtol=1e-5, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == 1
+    # dynamic=True makes the closure weights' shapes (H) symbolic: the extern call, not the template
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 0
 
 
 def test_module_from_linears_act_quant_and_errors():
@@ -193,3 +226,125 @@ def test_module_from_linears_act_quant_and_errors():
     with pytest.raises(ValueError, match=r"down\[1\]: expected q \[64, 64\]"):
         AWQMoEExperts.from_canonical(gu, [dn[0], (dn[1][0][:, :32], dn[1][1][:, :1], dn[1][2][:, :1]), dn[2]],
                                      group_size=G)
+
+
+# ------------------------------------------------------------------ Inductor template (lowering.py)
+class _Experts(torch.nn.Module):
+    """The op's packed weights as module buffers (static shapes, as in AWQMoEExperts)."""
+
+    def __init__(self, mop, W, G, I):
+        super().__init__()
+        self.mop, self.G, self.I, self.n = mop, G, I, len(W)
+        for i, w in enumerate(W):
+            self.register_buffer(f"w{i}", w)
+
+    def forward(self, x, ids, tw):
+        return self.mop.torch_op(x, ids, tw, *(getattr(self, f"w{i}") for i in range(self.n)), self.G, self.I)
+
+
+def _compiled_code(codes):
+    return "\n".join(codes)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_template_dynamic_t_matches_eager_bitwise(name, dtype, inductor_clean):
+    """The template (not the extern call) runs, one graph for two T (T symbolic), fullgraph (no
+    graph break), int32 ids and x-dtype routing weights converted in Inductor, equal to eager bitwise."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    H, I, G, E, k = 128, 64, 32, 8, 2
+    mop = MOE_OPS[name]
+    m = _Experts(mop, moe.pack_experts(mop, *experts(E, H, I, G, seed=11), G, I), G, I)
+    cf = torch.compile(m, fullgraph=True)
+    for i, T in enumerate((5, 33)):
+        x = torch.randn(T, H, generator=torch.Generator().manual_seed(T)).to(dtype)
+        ids, tw = routing(T, E, k, seed=T, dtype=dtype)
+        ids = ids.int()
+        for t in (x, ids, tw):
+            torch._dynamo.mark_dynamic(t, 0)
+        if i == 0:
+            y, codes = run_and_get_code(cf, x, ids, tw)
+            code = _compiled_code(codes)
+            assert f"awq::{name}_driver(" in code and f"torch.ops.awq.{name}" not in code
+            assert "const int64_t T = static_cast<int64_t>(ks" in code  # T is a kernel argument
+        else:
+            y = cf(x, ids, tw)
+        torch.testing.assert_close(y, m(x, ids, tw), rtol=0, atol=0)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
+
+
+def test_template_renders_the_tuned_plans(inductor_clean):
+    """The plans of the two GEMM shapes are rendered into the kernel (here forced: config.kernel_plan)."""
+    from torch._inductor.utils import run_and_get_code
+
+    H, I, G, E = 64, 64, 32, 4
+    mop = MOE_OPS["int4_moe"]
+    m = _Experts(mop, moe.pack_experts(mop, *experts(E, H, I, G, seed=12), G, I), G, I)
+    x = torch.randn(6, H).bfloat16()
+    ids, tw = routing(6, E, 2)
+    with config.patch(kernel_plan={"bf16_f32_min_m": 1 << 40, "panel_min_m": 3}):
+        y, codes = run_and_get_code(torch.compile(m, fullgraph=True), x, ids, tw)
+        torch.testing.assert_close(y, m(x, ids, tw), rtol=0, atol=0)
+    code = _compiled_code(codes)
+    assert code.count("awq::Thresholds{5, 3, 1099511627776},  // gate|up plan: forced") == 1
+    assert code.count("awq::Thresholds{5, 3, 1099511627776});  // down plan: forced") == 1
+
+
+def test_template_never_fuses_an_epilogue(inductor_clean):
+    """A pointwise op on the output (residual add) stays its own kernel: the MoE template buffer
+    refuses epilogue fusion (its output is the driver's sum over top-k)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import run_and_get_code
+
+    H, I, G, E = 64, 64, 32, 4
+    mop = MOE_OPS["int4_moe"]
+    m = _Experts(mop, moe.pack_experts(mop, *experts(E, H, I, G, seed=13), G, I), G, I)
+    x = torch.randn(7, H)
+    ids, tw = routing(7, E, 2)
+    y, codes = run_and_get_code(torch.compile(lambda a, b, c: m(a, b, c) * 2 + a, fullgraph=True), x, ids, tw)
+    torch.testing.assert_close(y, m(x, ids, tw) * 2 + x, rtol=1e-6, atol=1e-6)
+    assert "awq::int4_moe_driver(" in _compiled_code(codes)
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
+    assert counters["inductor"]["cpp_epilogue_fusion_counter"] == 0
+
+
+def test_template_falls_back_to_the_extern_call():
+    """Symbolic H (weights as dynamic graph inputs) and static T == 0 take the extern call; the
+    reasons are named."""
+    import sympy
+    from torch._inductor import ir
+
+    from awq_inductor.inductor import lowering
+
+    def buf(size, dtype=torch.float32):
+        return ir.Buffer(name="b", layout=ir.FixedLayout(torch.device("cpu"), dtype, size))
+
+    mop = MOE_OPS["int4_moe"]
+    s = sympy.Symbol("s0", positive=True, integer=True)
+    W = [buf([4, 2, 32, 32], torch.uint8), buf([4, 2, 128]), buf([4, 2, 128], torch.uint8)] * 2
+    ids, tw = buf([3, 2], torch.int64), buf([3, 2])
+    assert lowering.use_moe_template(mop, buf([3, 64]), ids, tw, W) is None
+    assert lowering.use_moe_template(mop, buf([s, 64]), ids, tw, W) is None
+    assert lowering.use_moe_template(mop, buf([3, s]), ids, tw, W) == "symbolic H=s0"
+    assert lowering.use_moe_template(mop, buf([0, 64]), ids, tw, W) == "T == 0"
+    assert lowering.use_moe_template(mop, buf([3, 64]), buf([3, s], torch.int64), tw, W) == "symbolic top-k=s0"
+    assert lowering.use_moe_template(mop, buf([3, 64]), ids, tw, [buf([s, 2, 32, 32], torch.uint8)] + W[1:]) \
+        == "symbolic w13_qweight shape [s0, 2, 32, 32]"
+    assert lowering.use_moe_template(mop, buf([3, 64]), ids, tw, W[:3] + [buf([s, 2, 32, 32], torch.uint8)] + W[4:]) \
+        == "symbolic w2_qweight shape [s0, 2, 32, 32]"
+
+
+def test_template_bad_ids_give_nan_rows_not_partial_sums(inductor_clean):
+    """The compiled kernel cannot raise on an id outside [0, E) (the eager op does): that token's row
+    is NaN, the other rows are right."""
+    H, I, G, E = 64, 64, 32, 4
+    mop = MOE_OPS["int4_moe"]
+    m = _Experts(mop, moe.pack_experts(mop, *experts(E, H, I, G, seed=14), G, I), G, I)
+    x = torch.randn(3, H)
+    ids, tw = routing(3, E, 2)
+    y = torch.compile(m, fullgraph=True)(x, torch.cat([ids[:2], torch.tensor([[0, E]])]), tw)
+    assert torch.isnan(y[2]).all()
+    torch.testing.assert_close(y[:2], m(x[:2], ids[:2], tw[:2]), rtol=1e-5, atol=1e-5)

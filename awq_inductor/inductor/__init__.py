@@ -1,5 +1,6 @@
-"""Inductor integration: the template lowering of every ``awq::int4_mm*`` op (``lowering``, the only
-module that imports ``torch._inductor``) and the ``awq_inductor`` torch.compile backend (``backend``).
+"""Inductor integration: the template lowering of every ``awq::int4_mm*`` op and MoE
+``awq::int4_moe*`` op (``lowering``, the only module that imports ``torch._inductor``) and the
+``awq_inductor`` torch.compile backend (``backend``).
 
 :func:`register` installs the lowerings; it is called when an op is first traced (``ops``) and by
 the backend. Importing this package stays cheap: ``lowering`` is imported inside :func:`register`.
@@ -61,7 +62,8 @@ def _try_register() -> bool:
 
 
 def register() -> bool:
-    """Register the Inductor lowerings of the ``awq::int4_mm*`` ops; idempotent, thread-safe.
+    """Register the Inductor lowerings of the ``awq::int4_mm*`` and ``awq::int4_moe*`` ops;
+    idempotent, thread-safe.
 
     Returns True when our template lowering is installed, False when the ops will be compiled as
     extern calls (untested torch, missing private API, ...), after one warning.

@@ -112,6 +112,15 @@ def render_header(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
     return "\n".join(_render(n, **kw) for n in names)
 
 
+def render_moe_header(mop, isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
+    """The experts loop of a :class:`~awq_inductor.schemes.MoeOp` over its scheme's header: the SiLU *
+    mul epilogue and ``moe/experts.h.j2`` (to follow :func:`render_header` in one translation unit)."""
+    isa = isa_mod.check(isa)
+    kw = dict(isa=isa, moe=mop, scheme=mop.scheme,
+              gcc_target=isa_mod.gcc_target(isa, isa_mod.amx_emulated(amx_emulate)))
+    return "\n".join(_render(n, **kw) for n in ("epilogues/silu_mul.h.j2", "moe/experts.h.j2"))
+
+
 def render_eager(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
                  amx_emulate: Optional[bool] = None) -> str:
     """Full translation unit: ``extern "C" <op.c_entry>_<dtype>(...)`` for every op of ``scheme``."""
