@@ -184,6 +184,27 @@ def test_model_shapes_of_llama7b():
         tuner.model_shapes({"hidden_size": 64, "num_attention_heads": 4})
 
 
+def test_model_shapes_of_qwen3_moe_include_the_experts_plans():
+    """The shapes moe.expert_plans looks up (gate|up K=H, N=2I; down K=I, N=H) are listed, so
+    ``tune --model`` fills the experts' plans too."""
+    from awq_inductor import moe
+    from awq_inductor.schemes import MOE_OPS
+
+    cfg = {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "head_dim": 128, "quantization_config": {"group_size": 128}}
+    got = {(s.op.name, s.K, s.out_features, s.G) for s in tuner.model_shapes(cfg)}
+    mop = MOE_OPS["int4_moe"]
+    looked_up = []
+    orig = tuner.plan_for
+    try:
+        tuner.plan_for = lambda op, isa, dt, K, n, G: looked_up.append((op.name, K, n, G)) or tuner.default_plan()
+        moe.expert_plans(mop, "avx512", torch.bfloat16, 2048, 768, 128)
+    finally:
+        tuner.plan_for = orig
+    assert looked_up and set(looked_up) <= got, (looked_up, got)
+    assert ("int4_mm_silu_mul", 2048, 6144, 128) in got  # the dense MLP layers' shape stays
+
+
 def test_tune_cli_measures_real_kernels(tune_dir, capsys):
     """The CLI on a small shape: real kernels timed, the plan cached for this machine."""
     from awq_inductor.__main__ import main

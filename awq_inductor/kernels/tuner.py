@@ -443,7 +443,9 @@ class Shape:
 
 
 def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Shape]:
-    """The distinct int4 op shapes of a Llama-style decoder (fused qkv, o, gate|up + SiLU, down)
+    """The distinct int4 op shapes of a Llama-style decoder (fused qkv, o, gate|up + SiLU, down; the
+    experts' gate|up and down of a Qwen-MoE, whose ``moe_intermediate_size`` and
+    ``shared_expert_intermediate_size`` name them; Mixtral's experts have ``intermediate_size``)
     from its ``config.json``; G from ``quantization_config.group_size`` (-1: K)."""
     from ..schemes import GATE_UP_SILU, LINEAR, op_for
 
@@ -458,6 +460,10 @@ def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Sha
     g = int((config_json.get("quantization_config") or {}).get("group_size", 128))
     lin, gu = op_for(act_quant, LINEAR), op_for(act_quant, GATE_UP_SILU)
     dims = [(lin, h, (hq + 2 * hkv) * d), (lin, hq * d, h), (gu, h, inter), (lin, inter, h)]
+    # sparse-MoE experts (moe.expert_plans looks up these two dense-op shapes) and a shared expert
+    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
+        if config_json.get(key):
+            dims += [(gu, h, int(config_json[key])), (lin, int(config_json[key]), h)]
     out, seen = [], set()
     for op, K, n in dims:
         s = Shape(op, K, n, K if g == -1 else g)
