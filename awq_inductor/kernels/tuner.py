@@ -180,19 +180,56 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 
 # ---------------------------------------------------------------------------------------------
 # The dense candidate (also what the eager op runs from plan.dense_min_m rows)
-def dense_call(op: Op, x: torch.Tensor, *args) -> torch.Tensor:
-    """Dequantize the packed weight (this call) and run ``F.linear`` in x's dtype (oneDNN), then
-    the bias and the op's epilogue: the path that is never slower than the dense model by more
-    than the dequantization."""
+#: Bytes of one dequantized weight block of the dense candidate (x's dtype, [columns, K]): small
+#: enough to stay in L2/L3 between the C++ dequantization writing it and oneDNN packing it.
+DENSE_BLOCK_BYTES = 4 << 20
+_dense_buffers = threading.local()
+
+
+def dense_block_columns(K: int, itemsize: int, block_bytes: Optional[int] = None) -> int:
+    """Packed columns per block: a multiple of 64 (a gate|up block holds whole gate + up panel
+    pairs), at least 64."""
+    return max(64, (block_bytes or DENSE_BLOCK_BYTES) // (K * itemsize) // 64 * 64)
+
+
+def _block_buffer(rows: int, K: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread [rows, K] buffer, reused across calls (a fresh 4 MiB allocation per call is an
+    mmap and page faults; concurrent callers on other threads get their own)."""
+    bufs = getattr(_dense_buffers, "bufs", None)
+    if bufs is None:
+        bufs = _dense_buffers.bufs = {}
+    buf = bufs.get(dtype)
+    if buf is None or buf.numel() < rows * K:
+        buf = bufs[dtype] = torch.empty(rows * K, dtype=dtype)
+    return buf[: rows * K].view(rows, K)
+
+
+def dense_call(op: Op, x: torch.Tensor, *args, block_bytes: Optional[int] = None) -> torch.Tensor:
+    """Blockwise dense: for each block of packed columns, the C++ dequantization
+    (``runtime/dense.h.j2``, exact: (q - z) * s rounded once to x's dtype) into a reused buffer,
+    then ``F.linear`` in x's dtype (oneDNN) with the block's bias, and for the gate|up op
+    ``silu(gate) * up`` of the block's interleaved 32-column panel pairs. Never slower than the
+    dense model by more than the dequantization, which runs from cache, not DRAM."""
+    from . import native
+
     *weights, bias, group_size, out_features = args
-    q, z, s = op.unpack(*weights[:3], out_features)
-    n, K = q.shape
-    # per group by broadcasting (repeat_interleave of z and s took 1.9x longer, 4096 x 512 weight)
-    w = ((q.view(n, K // group_size, group_size).float() - z.float().unsqueeze(-1))
-         * s.float().unsqueeze(-1)).view(n, K).to(x.dtype)
-    y = F.linear(x, w, None if bias is None else op.unpack_bias(bias, out_features).to(x.dtype))
-    if op.spec.columns_per_output == 2:
-        y = F.silu(y[:, :out_features]) * y[:, out_features:]
+    qweight, scales, zeros = weights[:3]
+    n, cpo = op.columns(out_features), op.spec.columns_per_output
+    M, K = x.shape
+    deq = native.get_dequant(op.scheme.name, x.dtype)
+    nb = min(n, dense_block_columns(K, x.element_size(), block_bytes))
+    buf = _block_buffer(nb, K, x.dtype)
+    b = None if bias is None else bias.to(x.dtype)
+    y = None if nb >= n else torch.empty(M, out_features, dtype=x.dtype)
+    for n0 in range(0, n, nb):
+        n1 = min(n, n0 + nb)
+        yb = F.linear(x, deq(qweight, scales, zeros, n, n0, n1, buf)[: n1 - n0], None if b is None else b[n0:n1])
+        if cpo == 2:  # panels alternate gate (32 columns), up (32 columns), from n0 % 64 == 0
+            yb = yb.view(M, -1, 2, 32)
+            yb = (F.silu(yb[:, :, 0]) * yb[:, :, 1]).reshape(M, -1)
+        if y is None:
+            return yb
+        y[:, n0 // cpo: n1 // cpo] = yb
     return y
 
 
