@@ -224,9 +224,10 @@ def dense_call(op: Op, x: torch.Tensor, *args, block_bytes: Optional[int] = None
     for n0 in range(0, n, nb):
         n1 = min(n, n0 + nb)
         yb = F.linear(x, deq(qweight, scales, zeros, n, n0, n1, buf)[: n1 - n0], None if b is None else b[n0:n1])
-        if cpo == 2:  # panels alternate gate (32 columns), up (32 columns), from n0 % 64 == 0
-            yb = yb.view(M, -1, 2, 32)
-            yb = (F.silu(yb[:, :, 0]) * yb[:, :, 1]).reshape(M, -1)
+        if cpo == 2:  # panels alternate gate (32 columns), up (32 columns), from n0 % 64 == 0;
+            # SiLU * mul in fp32 and one rounding, as the C++ epilogue (epilogues/silu_mul.h.j2)
+            yb = yb.view(M, -1, 2, 32).float()
+            yb = (F.silu(yb[:, :, 0]) * yb[:, :, 1]).reshape(M, -1).to(x.dtype)
         if y is None:
             return yb
         y[:, n0 // cpo: n1 // cpo] = yb
