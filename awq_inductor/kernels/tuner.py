@@ -3,8 +3,9 @@
 The drivers pick a kernel path per call from M and a few row thresholds (``awq::Thresholds`` in
 ``csrc_templates/runtime/driver.h.j2``): AMX tiles from ``amx_min_m`` rows, the AVX512-BF16 decode
 kernel below ``bf16_f32_min_m``, the dequantize-once fp32 panel kernel from ``panel_min_m``. On top
-of them, from ``dense_min_m`` rows a call dequantizes the weight and runs the dense GEMM
-(``F.linear``: oneDNN), the "never slower than dense" candidate. A :class:`Plan` is those four
+of them, from ``dense_min_m`` rows a call runs :func:`dense_call`, the "never slower than dense"
+candidate: blocks of packed columns dequantized exactly into x's dtype by our C++
+(``runtime/dense.h.j2``), each followed by the dense GEMM (``F.linear``: oneDNN). A :class:`Plan` is those four
 numbers for one (scheme, op, ISA, x dtype, K, N, G) on one machine (``cache_key.machine``: CPU model
 and flags, threads, torch and package version).
 
@@ -180,9 +181,14 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 
 # ---------------------------------------------------------------------------------------------
 # The dense candidate (also what the eager op runs from plan.dense_min_m rows)
-#: Bytes of one dequantized weight block of the dense candidate (x's dtype, [columns, K]): small
-#: enough to stay in L2/L3 between the C++ dequantization writing it and oneDNN packing it.
-DENSE_BLOCK_BYTES = 4 << 20
+#: Bytes of one dequantized weight block of the dense candidate (x's dtype, [columns, K]). Each
+#: block costs three OpenMP regions (dequantization, GEMM, copy into the output), and on the shared
+#: 2-vCPU Zen 4 VM (load 4-7) every region waits for a preempted thread: bf16, M = 128-512, dense /
+#: F.linear of the pre-dequantized weight was 1.07-1.11 (4096 x 4096) with 4 MiB blocks at load 4
+#: but 1.8-5.2 with 2-8 MiB blocks at load 7, against 1.06-1.28 for one block (the whole weight).
+#: Large blocks keep the region count at 1-6 per call for the Llama-7B shapes; the per-block GEMM
+#: itself loses under 2% from 256 columns on (4096 x 4096, M = 128 and 512, idle).
+DENSE_BLOCK_BYTES = 32 << 20
 _dense_buffers = threading.local()
 
 
@@ -193,7 +199,7 @@ def dense_block_columns(K: int, itemsize: int, block_bytes: Optional[int] = None
 
 
 def _block_buffer(rows: int, K: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-thread [rows, K] buffer, reused across calls (a fresh 4 MiB allocation per call is an
+    """A per-thread [rows, K] buffer, reused across calls (a fresh allocation of many MiB per call is an
     mmap and page faults; concurrent callers on other threads get their own)."""
     bufs = getattr(_dense_buffers, "bufs", None)
     if bufs is None:
