@@ -20,7 +20,8 @@ reuses code generated for the previous plan.
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
 select that path for every M), for M in :data:`M_BUCKETS`, on two column slices of the weight
 (full K), each the minimum of a few calls; the full-N time is predicted from a per-call part and a
-per-column part fitted through them (:func:`kernel_timer`). A candidate more than ``DROP_RATIO``
+per-column part fitted through them (:func:`kernel_timer`; the dense candidate gets one untimed
+call per (M, slice) first: oneDNN JIT-compiles its GEMM per shape on the first call). A candidate more than ``DROP_RATIO``
 times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
 larger M (the paths' costs grow monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
