@@ -3,6 +3,7 @@ Inductor's own WOQ template, with the kernel path the per-machine plan picks.
 
     python benchmarks/bench_report.py                        # the four Llama-7B shapes, M = 1..2048
     python benchmarks/bench_report.py --shapes smoke --m 1,8 --reps 3   # seconds (CI smoke)
+    python benchmarks/bench_report.py --kn 4096x4096 --m 16,128 --no-tuner-cost   # chosen shapes
 
 For each (K, N, M): the ISA, the kernel path of our compiled op (``tuner.path_for`` of the shape's
 plan: tuned on first use, or from the cache), its GB/s (int4 weight + scales/zeros + x + y bytes
@@ -145,6 +146,9 @@ def plot(rows, path):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="llama7b", choices=sorted(bench_linear.SHAPES))
+    p.add_argument("--kn", default=None, metavar="KxN,...",
+                   help="these K x N shapes instead of --shapes (e.g. one shape per run, to keep each under "
+                        "a few minutes on a shared machine)")
     p.add_argument("--m", default="1,2,4,8,16,32,64,128,256,512,1024,2048")
     p.add_argument("--group-size", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
@@ -158,6 +162,8 @@ def main(argv=None):
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     dtype, G = torch.bfloat16, a.group_size
     shapes = bench_linear.SHAPES[a.shapes]
+    if a.kn:
+        shapes = [(s.K, s.out_features) for s in tuner.parse_shapes(a.kn, G)]
     ms = [int(m) for m in a.m.split(",")]
     header = [f"isa={isa_mod.select()} threads={a.threads} dtype=bfloat16 G={G} cache={a.mode} "
               f"torch={torch.__version__} awq_inductor={awq_inductor.__version__} "

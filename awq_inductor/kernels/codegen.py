@@ -4,7 +4,8 @@
     render_header(scheme, isa, x_dtype)  runtime/ (base, amx, driver) + the scheme's plan and driver
                                          + the micro-kernels the scheme lists for the ISA
     render_eager(scheme, isa, x_dtype)   entry/eager.cpp.j2 around the header: one extern "C"
-                                         entry point per op of the scheme (kernels/native.py)
+                                         entry point per op of the scheme (kernels/native.py),
+                                         plus the scheme's dense dequantization (runtime/dense.h.j2)
 
 The Inductor lowering renders entry/inductor.cpp.j2 around the same header. A generated text
 changes whenever a template does, so compile caches keyed by source stay correct. No
@@ -125,5 +126,10 @@ def render_eager(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
                  amx_emulate: Optional[bool] = None) -> str:
     """Full translation unit: ``extern "C" <op.c_entry>_<dtype>(...)`` for every op of ``scheme``."""
     ops = [OPS[scheme.op_prefix + spec.suffix] for spec in OP_SPECS]
-    return _render("entry/eager.cpp.j2", scheme=scheme, ops=ops, isa=isa_mod.check(isa),
-                   x_dtype=dtype_name(x_dtype), header=render_header(scheme, isa, x_dtype, amx_emulate))
+    if scheme.row_bytes != 16 * scheme.k_per_row:  # runtime/dense.h.j2 reads panels of that shape
+        raise ValueError(f"scheme {scheme.name}: runtime/dense.h needs row_bytes = 16 * k_per_row, "
+                         f"got {scheme.row_bytes} and {scheme.k_per_row}")
+    isa = isa_mod.check(isa)
+    return _render("entry/eager.cpp.j2", scheme=scheme, ops=ops, isa=isa, x_dtype=dtype_name(x_dtype),
+                   header=render_header(scheme, isa, x_dtype, amx_emulate),
+                   gcc_target=isa_mod.gcc_target(isa, isa_mod.amx_emulated(amx_emulate)))

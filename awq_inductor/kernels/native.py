@@ -134,11 +134,43 @@ def amx_emulator_counters(name: str, x_dtype: torch.dtype, reset: bool = True) -
         raise RuntimeError(f"awq_amx_emu_counters: expected {len(AMX_EMU_COUNTERS)} counters, the library has {n}")
     return dict(zip(AMX_EMU_COUNTERS, (int(v) for v in buf)))
 
+@functools.lru_cache(maxsize=None)
+def _dequant(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
+    scheme = next(op.scheme for op in OPS.values() if op.scheme.name == scheme_name)
+    fn = getattr(_library(scheme_name, isa, x_dtype, emulate), f"awq_{scheme.op_prefix}_dequant_{codegen.dtype_name(x_dtype)}")
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    # qweight, scales, zeros, N, K, G, n0, n1, out, threads
+    fn.argtypes = [vp, vp, vp, i64, i64, i64, i64, i64, vp, ctypes.c_int]
+    fn.restype = None
+
+    def dequant(qweight, scales, zeros, n: int, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
+        """Packed columns [n0, n1) of an ``n``-column weight -> ``out[: n1 - n0]`` ([>= n1 - n0, K],
+        contiguous, x's dtype): (q - z) * s rounded once to x's dtype. ``n0 % 32 == 0``."""
+        K = qweight.shape[1] * scheme.k_per_row
+        G = K // scales.shape[0]
+        if n0 % 32 or not 0 <= n0 < n1 <= n or out.dtype != x_dtype or not out.is_contiguous() \
+                or out.dim() != 2 or out.shape[1] != K or out.shape[0] < n1 - n0:
+            raise ValueError(f"dequant: expected 0 <= n0 < n1 <= {n}, n0 % 32 == 0 and a contiguous {x_dtype} "
+                             f"out [>= n1 - n0, {K}], got n0={n0}, n1={n1}, out {out.dtype} {list(out.shape)}")
+        nt = config.num_threads or torch.get_num_threads()
+        fn(qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), n, K, G, n0, n1, out.data_ptr(), nt)
+        return out
+
+    return dequant
+
+
+def get_dequant(scheme_name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
+    """The scheme's dense dequantization (``runtime/dense.h.j2``), from the same shared object as
+    its kernels: ``dequant(qweight, scales, zeros, n, n0, n1, out)`` (n: packed columns)."""
+    isa = isa_mod.select() if isa is None else isa_mod.check(isa)
+    return _dequant(scheme_name, isa, x_dtype, isa == "amx" and isa_mod.amx_emulated())
+
 
 def forget_kernels() -> None:
     """Drop the kernels and libraries loaded in this process (tests: the next call builds again,
     e.g. under another cache directory or a faked CPU)."""
     _kernel.cache_clear()
+    _dequant.cache_clear()
     _library.cache_clear()
 
 

@@ -3,8 +3,9 @@
 The drivers pick a kernel path per call from M and a few row thresholds (``awq::Thresholds`` in
 ``csrc_templates/runtime/driver.h.j2``): AMX tiles from ``amx_min_m`` rows, the AVX512-BF16 decode
 kernel below ``bf16_f32_min_m``, the dequantize-once fp32 panel kernel from ``panel_min_m``. On top
-of them, from ``dense_min_m`` rows a call dequantizes the weight and runs the dense GEMM
-(``F.linear``: oneDNN), the "never slower than dense" candidate. A :class:`Plan` is those four
+of them, from ``dense_min_m`` rows a call runs :func:`dense_call`, the "never slower than dense"
+candidate: blocks of packed columns dequantized exactly into x's dtype by our C++
+(``runtime/dense.h.j2``), each followed by the dense GEMM (``F.linear``: oneDNN). A :class:`Plan` is those four
 numbers for one (scheme, op, ISA, x dtype, K, N, G) on one machine (``cache_key.machine``: CPU model
 and flags, threads, torch and package version).
 
@@ -19,7 +20,8 @@ reuses code generated for the previous plan.
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
 select that path for every M), for M in :data:`M_BUCKETS`, on two column slices of the weight
 (full K), each the minimum of a few calls; the full-N time is predicted from a per-call part and a
-per-column part fitted through them (:func:`kernel_timer`). A candidate more than ``DROP_RATIO``
+per-column part fitted through them (:func:`kernel_timer`; the dense candidate gets one untimed
+call per (M, slice) first: oneDNN JIT-compiles its GEMM per shape on the first call). A candidate more than ``DROP_RATIO``
 times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
 larger M (the paths' costs grow monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
@@ -180,19 +182,62 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 
 # ---------------------------------------------------------------------------------------------
 # The dense candidate (also what the eager op runs from plan.dense_min_m rows)
-def dense_call(op: Op, x: torch.Tensor, *args) -> torch.Tensor:
-    """Dequantize the packed weight (this call) and run ``F.linear`` in x's dtype (oneDNN), then
-    the bias and the op's epilogue: the path that is never slower than the dense model by more
-    than the dequantization."""
+#: Bytes of one dequantized weight block of the dense candidate (x's dtype, [columns, K]). Each
+#: block costs three OpenMP regions (dequantization, GEMM, copy into the output), and on the shared
+#: 2-vCPU Zen 4 VM (load 4-7) every region waits for a preempted thread: bf16, M = 128-512, dense /
+#: F.linear of the pre-dequantized weight was 1.07-1.11 (4096 x 4096) with 4 MiB blocks at load 4
+#: but 1.8-5.2 with 2-8 MiB blocks at load 7, against 1.06-1.28 for one block (the whole weight).
+#: Large blocks keep the region count at 1-6 per call for the Llama-7B shapes; the per-block GEMM
+#: itself loses under 2% from 256 columns on (4096 x 4096, M = 128 and 512, idle).
+DENSE_BLOCK_BYTES = 32 << 20
+_dense_buffers = threading.local()
+
+
+def dense_block_columns(K: int, itemsize: int, block_bytes: Optional[int] = None) -> int:
+    """Packed columns per block: a multiple of 64 (a gate|up block holds whole gate + up panel
+    pairs), at least 64."""
+    return max(64, (block_bytes or DENSE_BLOCK_BYTES) // (K * itemsize) // 64 * 64)
+
+
+def _block_buffer(rows: int, K: int, dtype: torch.dtype) -> torch.Tensor:
+    """A per-thread [rows, K] buffer, reused across calls (a fresh allocation of many MiB per call is an
+    mmap and page faults; concurrent callers on other threads get their own)."""
+    bufs = getattr(_dense_buffers, "bufs", None)
+    if bufs is None:
+        bufs = _dense_buffers.bufs = {}
+    buf = bufs.get(dtype)
+    if buf is None or buf.numel() < rows * K:
+        buf = bufs[dtype] = torch.empty(rows * K, dtype=dtype)
+    return buf[: rows * K].view(rows, K)
+
+
+def dense_call(op: Op, x: torch.Tensor, *args, block_bytes: Optional[int] = None) -> torch.Tensor:
+    """Blockwise dense: for each block of packed columns, the C++ dequantization
+    (``runtime/dense.h.j2``, exact: (q - z) * s rounded once to x's dtype) into a reused buffer,
+    then ``F.linear`` in x's dtype (oneDNN) with the block's bias, and for the gate|up op
+    ``silu(gate) * up`` of the block's interleaved 32-column panel pairs. Never slower than the
+    dense model by more than the dequantization, which runs from cache, not DRAM."""
+    from . import native
+
     *weights, bias, group_size, out_features = args
-    q, z, s = op.unpack(*weights[:3], out_features)
-    n, K = q.shape
-    # per group by broadcasting (repeat_interleave of z and s took 1.9x longer, 4096 x 512 weight)
-    w = ((q.view(n, K // group_size, group_size).float() - z.float().unsqueeze(-1))
-         * s.float().unsqueeze(-1)).view(n, K).to(x.dtype)
-    y = F.linear(x, w, None if bias is None else op.unpack_bias(bias, out_features).to(x.dtype))
-    if op.spec.columns_per_output == 2:
-        y = F.silu(y[:, :out_features]) * y[:, out_features:]
+    qweight, scales, zeros = weights[:3]
+    n, cpo = op.columns(out_features), op.spec.columns_per_output
+    M, K = x.shape
+    deq = native.get_dequant(op.scheme.name, x.dtype)
+    nb = min(n, dense_block_columns(K, x.element_size(), block_bytes))
+    buf = _block_buffer(nb, K, x.dtype)
+    b = None if bias is None else bias.to(x.dtype)
+    y = None if nb >= n else torch.empty(M, out_features, dtype=x.dtype)
+    for n0 in range(0, n, nb):
+        n1 = min(n, n0 + nb)
+        yb = F.linear(x, deq(qweight, scales, zeros, n, n0, n1, buf)[: n1 - n0], None if b is None else b[n0:n1])
+        if cpo == 2:  # panels alternate gate (32 columns), up (32 columns), from n0 % 64 == 0;
+            # SiLU * mul in fp32 and one rounding, as the C++ epilogue (epilogues/silu_mul.h.j2)
+            yb = yb.view(M, -1, 2, 32).float()
+            yb = (F.silu(yb[:, :, 0]) * yb[:, :, 1]).reshape(M, -1).to(x.dtype)
+        if y is None:
+            return yb
+        y[:, n0 // cpo: n1 // cpo] = yb
     return y
 
 
@@ -233,9 +278,17 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
             return dense_call(op, x, *slices[n], None, G, n)
         return kern(x, *slices[n], None, G, n, plan=plan)
 
+    warmed = set()
+
     def once(path: str, plan: Plan, M: int, n: int) -> float:
         # the minimum of a few calls (a shared machine preempts in quanta of milliseconds); a first
         # call over 20 ms is its own measurement (the large-M buckets dominate the tuning time)
+        if path == "dense" and (M, n) not in warmed:
+            # oneDNN creates (JIT-compiles) its GEMM for each new shape on the first call: on the
+            # idle Zen 4 VM that first call made dense at K = N = 4096 predict 33.9 ms at M = 128
+            # and 129.9 at 512 (40.3 at 1024), while it runs 11-12 and 41
+            warmed.add((M, n))
+            run(path, plan, M, n)
         best, spent, k = float("inf"), 0.0, 0
         while k < 10 and (k < 3 or spent < 10e-3):
             t0 = time.perf_counter()
