@@ -66,7 +66,11 @@ class GateUpSiluMul(nn.Module):
 
 def _replace(model: nn.Module, linear, gate_up) -> nn.Module:
     """Baselines run what transformers runs: our default bf16 head (Bf16HeadLinear, our GEMV) goes
-    back to a plain nn.Linear (F.linear), in place, parameters kept."""
+    back to a plain nn.Linear (F.linear), in place, parameters kept, and the attention back to
+    transformers' ``sdpa`` (convert's fp32 decode attention, integrations.attention)."""
+    from .integrations.attention import restore_sdpa
+
+    restore_sdpa(model)
     for name, mod in list(model.named_modules()):
         if type(mod) is Bf16HeadLinear:
             mod.__class__ = nn.Linear

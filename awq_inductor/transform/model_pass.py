@@ -424,7 +424,8 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
 # Entry points
 # ---------------------------------------------------------------------------------------------
 def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = True,
-            progress: Optional[bool] = None, lm_head: Optional[str] = "bf16") -> nn.Module:
+            progress: Optional[bool] = None, lm_head: Optional[str] = "bf16",
+            fp32_decode_attention: bool = True) -> nn.Module:
     """Replace every int4 linear of ``model`` with :class:`AWQLinear` and fuse q/k/v and gate/up.
 
     Idempotent; returns ``model``. ``act_quant``: None (W4A16), or "int8" (W4A8: every AWQLinear and
@@ -437,6 +438,9 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     or "int8" (opt-in: the output projection becomes
     an :class:`~awq_inductor.nn.head.Int8HeadLinear`, per-channel symmetric int8 with fp32 scales,
     half the bytes per decoded token; a tied input embedding keeps its own float table).
+    ``fp32_decode_attention``: a transformers model on ``sdpa`` attention runs one-row (decode)
+    bf16/fp16 attention in fp32 (``integrations.attention``: PyTorch's bf16 CPU flash kernel took
+    2.0-2.5 ms per decode call where fp32 takes 0.3).
     """
     scheme_for(act_quant)  # validates the choice
     if lm_head not in LM_HEAD_CHOICES:
@@ -471,6 +475,10 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
         if isinstance(mod, (AWQLinear, AWQGateUpSiluMul)) and mod.act_quant != act_quant:
             model.set_submodule(name, mod.with_act_quant(act_quant))
     quantize_lm_head(model, lm_head)
+    if fp32_decode_attention:
+        from ..integrations.attention import use_fp32_decode_attention
+
+        use_fp32_decode_attention(model)
     model._awq_inductor_converted = True
     return model
 

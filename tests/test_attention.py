@@ -1,0 +1,54 @@
+"""convert's fp32 decode attention (awq_inductor.integrations.attention, ``awq_sdpa``): one-row
+bf16 attention runs in fp32, everything else is transformers' own sdpa; the baselines go back to sdpa."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from awq_inductor import baselines, convert, testing  # noqa: E402
+from awq_inductor.integrations import attention  # noqa: E402
+
+
+def _model(dtype=torch.bfloat16):
+    return testing.build_float_model(testing.tiny_config("llama"), dtype=dtype)
+
+
+def test_decode_rows_run_in_fp32_prefill_stays_sdpa():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    mod = _model().model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    q1 = torch.randn(2, 4, 1, 32, generator=g).bfloat16()
+    qn = torch.randn(2, 4, 7, 32, generator=g).bfloat16()
+    k, v = (torch.randn(2, 2, 7, 32, generator=g).bfloat16() for _ in range(2))
+    got, _ = attention.awq_sdpa_attention_forward(mod, q1, k, v, None, scaling=32 ** -0.5)
+    want, _ = sdpa_attention_forward(mod, q1.float(), k.float(), v.float(), None, scaling=32 ** -0.5)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want.bfloat16(), atol=0, rtol=0)
+    got, _ = attention.awq_sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
+    want, _ = sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_convert_switches_sdpa_models_and_baselines_switch_back():
+    m = _model()
+    assert m.config._attn_implementation == "sdpa"
+    convert(m)
+    assert m.config._attn_implementation == attention.NAME
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True,
+              return_dict_in_generate=True)
+    with torch.no_grad():
+        ours = torch.cat(m.generate(ids, **kw).logits).float()
+        dense = baselines.to_dense(m, torch.bfloat16)
+        assert dense.config._attn_implementation == "sdpa"
+        ref = torch.cat(dense.generate(ids, **kw).logits).float()
+    # the same model, attention rounded differently at decode rows only
+    assert float((ours - ref).abs().max()) < 0.05 * float(ref.abs().max())
+    off = convert(_model(), fp32_decode_attention=False)
+    assert off.config._attn_implementation == "sdpa"
+    eager = _model()
+    eager.set_attn_implementation("eager")
+    assert convert(eager).config._attn_implementation == "eager"  # a user's choice stays
