@@ -36,6 +36,18 @@ def inductor_clean():
     torch._dynamo.reset()
 
 
+@pytest.fixture
+def tune_dir(tmp_path, monkeypatch):
+    """A private cache directory, tuning on, no plans remembered from other tests."""
+    from awq_inductor.kernels import tuner
+
+    monkeypatch.setenv("AWQ_INDUCTOR_CACHE_DIR", str(tmp_path))
+    tuner.forget()
+    with awq_inductor.config.patch(tune="auto"):
+        yield tmp_path
+    tuner.forget()
+
+
 def pytest_addoption(parser):
     parser.addoption("--fuzz-examples", type=int, default=None,
                      help="hypothesis examples per fuzz test (tests/test_fuzz.py); also $AWQ_FUZZ_EXAMPLES. "

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from awq_inductor import config, formats, ops, packing
+from awq_inductor import formats, ops, packing
 from awq_inductor.kernels import native, tuner
 from awq_inductor.schemes import OPS
 
@@ -125,15 +125,6 @@ def test_dense_block_columns():
     assert tuner.dense_block_columns(4096, 2) == (tuner.DENSE_BLOCK_BYTES // 8192) // 64 * 64
     assert tuner.dense_block_columns(11008, 2, 1 << 20) == 64  # at least one gate|up panel pair
     assert tuner.dense_block_columns(128, 4, 1 << 20) % 64 == 0
-
-
-@pytest.fixture
-def tune_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("AWQ_INDUCTOR_CACHE_DIR", str(tmp_path))
-    tuner.forget()
-    with config.patch(tune="auto"):
-        yield tmp_path
-    tuner.forget()
 
 
 def _dense_from(m0):

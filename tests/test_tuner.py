@@ -20,16 +20,6 @@ W4A16 = OPS["int4_mm"]
 W4A8 = OPS["int4_mm_a8"]
 
 
-@pytest.fixture
-def tune_dir(tmp_path, monkeypatch):
-    """A private cache directory, tuning on, no plans remembered from other tests."""
-    monkeypatch.setenv("AWQ_INDUCTOR_CACHE_DIR", str(tmp_path))
-    tuner.forget()
-    with config.patch(tune="auto"):
-        yield tmp_path
-    tuner.forget()
-
-
 def fake_timer(table):
     """A timer reading ``table[path](M)`` (seconds), recording what it was asked."""
     calls = []
