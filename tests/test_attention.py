@@ -23,10 +23,15 @@ def test_decode_rows_run_in_fp32_prefill_stays_sdpa():
     q1 = torch.randn(2, 4, 1, 32, generator=g).bfloat16()
     qn = torch.randn(2, 4, 7, 32, generator=g).bfloat16()
     k, v = (torch.randn(2, 2, 7, 32, generator=g).bfloat16() for _ in range(2))
-    got, _ = attention.awq_sdpa_attention_forward(mod, q1, k, v, None, scaling=32 ** -0.5)
-    want, _ = sdpa_attention_forward(mod, q1.float(), k.float(), v.float(), None, scaling=32 ** -0.5)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got, want.bfloat16(), atol=0, rtol=0)
+    for mask in (None, torch.rand(2, 1, 1, 7, generator=g) > 0.3, torch.randn(2, 1, 1, 7, generator=g)):
+        if mask is not None and mask.dtype == torch.bool:
+            mask[:, :, :, 0] = True  # every row attends somewhere
+        got, _ = attention.awq_sdpa_attention_forward(mod, q1, k, v, mask, scaling=32 ** -0.5)
+        want, _ = sdpa_attention_forward(mod, q1.float(), k.float(), v.float(), mask, scaling=32 ** -0.5)
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape == (2, 1, 4, 32)
+        torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)  # one bf16 rounding
+        torch.testing.assert_close(attention.decode_attention(q1, k, v, mask, 32 ** -0.5).float(),
+                                   want.bfloat16().float(), atol=1e-2, rtol=0)
     got, _ = attention.awq_sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
     want, _ = sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
