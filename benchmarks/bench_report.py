@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -26,6 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_decode  # noqa: E402  (build_copies, compiled_calls, rewarm_calls: decode's cold harness)
 import bench_linear  # noqa: E402  (make_layer, bench, woq_for_m: the same harness)
 
 import awq_inductor  # noqa: E402
@@ -35,6 +37,13 @@ from awq_inductor.kernels import isa as isa_mod, native, tuner  # noqa: E402
 from awq_inductor.schemes import OPS  # noqa: E402
 
 GUARANTEE = 1.05
+#: Up to this M, cold mode times ours and aten int4pack as benchmarks/bench_decode.py does: each
+#: call on the next of enough independent copies of the layer (COLD_BYTES of ours) that its weights
+#: come from DRAM while the code stays warm, as in decode, where the same code runs layer after
+#: layer. After the flush pass, a call there also pays for page-table walks and cold code, which
+#: at M = 1 (under 1 ms) moved ours / aten from 0.62 (bench_decode) to 1.06 (4096 x 4096).
+DECODE_M = 8
+COLD_BYTES = 256 << 20
 
 
 def tuner_costs(shapes, dtype):
@@ -79,25 +88,65 @@ def layer_bytes(M, K, N, G, x_bytes):
     return K * N // 2 + (K // G) * N * 5 + M * K * x_bytes + M * N * x_bytes
 
 
-def run_shape(K, N, G, ms, dtype, reps, cold, flush):
+def methods(K, N, G, dtype):
+    """name -> module for one K x N layer: ours compiled, dense bf16, aten int4pack."""
     q, z, s = bench_linear.make_layer(K, N, G)
     lin = AWQLinear.from_canonical(q, z, s, group_size=G)
+    return {"ours": torch.compile(lin, backend="awq_inductor", dynamic=False),
+            "dense_bf16": bench_linear._Dense(lin.dequantize().to(torch.bfloat16)),
+            "aten_int4pack": Int4PackLinear(q, z, s, None, G, dtype)}, (q, z, s)
+
+
+def time_interleaved(fns, x, reps, flush=None, rewarm=None):
+    """Median ms per method, the methods interleaved within each rep (a load burst on the shared
+    machine hits every method alike). Cold (``flush``): before each timed call, a read-only pass
+    over a buffer larger than the L3 evicts the weights, then ``rewarm[name]`` runs the same method
+    on a small layer: the pass also evicts the code, interpreter and dispatcher state, which the
+    first method after it paid for (0.2-0.3 ms at M = 1, benchmarks/bench_decode.py) and decode,
+    running the same code layer after layer, never pays. A write pass (the old ``add_``) also left
+    768 MiB of dirty lines whose write-back competed with the timed call for bandwidth."""
+    for fn in fns.values():
+        for _ in range(2):
+            fn(x)
+    ts = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, fn in fns.items():
+            if flush is not None:
+                flush.sum()
+                if rewarm and k in rewarm:
+                    rewarm[k](x)
+            t0 = time.perf_counter()
+            fn(x)
+            ts[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in ts.items()}
+
+
+def run_shape(K, N, G, ms, dtype, reps, cold, flush):
+    fns, (q, z, s) = methods(K, N, G, dtype)
+    # the re-warm layers: K x 256, their weights stay in cache; ours has its own compiled graph
+    rewarm = methods(K, 256, G, dtype)[0] if cold else None
     op, isa = OPS["int4_mm"], isa_mod.select()
     plan = tuner.plan_for(op, isa, dtype, K, N, G)
-    fns = {"ours": torch.compile(lin, backend="awq_inductor", dynamic=False),
-           "dense_bf16": bench_linear._Dense(lin.dequantize().to(torch.bfloat16)),
-           "aten_int4pack": Int4PackLinear(q, z, s, None, G, dtype)}
     woq_mod = Int4PackLinear(q, z, s, None, G, dtype)
+    copies = None
+    if cold and any(m <= DECODE_M for m in ms):
+        ours_c, aten_c = bench_decode.build_copies(K, N, G, dtype, COLD_BYTES)
+        copies = {"ours": bench_decode.compiled_calls(ours_c), "aten_int4pack": aten_c}
+        decode_warm = bench_decode.rewarm_calls(K, G, dtype, compiled=True)
+        decode_warm = {"ours": decode_warm["compiled"], "aten_int4pack": decode_warm["aten"]}
     rows = []
     for M in ms:
         x = torch.randn(M, K).to(dtype)
         mfns = dict(fns)
         mfns["inductor_woq"], woq_kernel = bench_linear.woq_for_m(woq_mod, x)
         row = {"K": K, "N": N, "M": M, "isa": isa, "kernel": tuner.path_for(plan, op, isa, dtype, M),
-               "plan": plan.source, "inductor_woq_kernel": woq_kernel}
-        for name, fn in mfns.items():
-            xx = x.to(torch.bfloat16) if name == "dense_bf16" else x
-            row[name] = bench_linear.bench(fn, xx, reps, cold, flush)
+               "plan": plan.source, "inductor_woq_kernel": woq_kernel,
+               "harness": "copies" if copies is not None and M <= DECODE_M else ("flush" if cold else "hot")}
+        if row["harness"] == "copies":
+            row.update(bench_decode.time_interleaved(copies, x, reps, rewarm=decode_warm))
+            for k in copies:
+                mfns.pop(k)
+        row.update(time_interleaved(mfns, x, reps, flush if cold else None, rewarm))
         t = row["ours"] * 1e-3
         row["GB/s"] = layer_bytes(M, K, N, G, x.element_size()) / t / 1e9
         row["TFLOP/s"] = 2 * M * N * K / t / 1e12

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -292,3 +293,29 @@ def test_unrepeatable_timings_keep_the_constants(tune_dir, monkeypatch):
     assert tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64).thresholds() == plan.thresholds()
     with pytest.raises(pytest.fail.Exception, match="measured again"):  # the tune command does
         tuner.tune_shapes(tuner.parse_shapes("256x128", 64), torch.float32, isa="avx512", show=False)
+
+
+def test_kernel_timer_times_the_call_only_and_scales_one_slice_from_large_m(monkeypatch):
+    """A fake kernel that sleeps 1 us per column: below LARGE_M the two-slice fit and from LARGE_M
+    the one wide slice both predict the full N; making x (slow here) is not in the timed region
+    (torch.randn(2048, 4096) inside it once added ~30 ms per call, x 10 from the scaled slice)."""
+    from awq_inductor.kernels import native
+
+    def fake_kernel(x, qweight, scales, zeros, bias, G, n, plan=None):
+        time.sleep(n * 1e-6)
+
+    real_randn = torch.randn
+
+    def slow_randn(*a, **k):
+        time.sleep(0.05)
+        return real_randn(*a, **k)
+
+    monkeypatch.setattr(native, "get_kernel", lambda *a, **k: fake_kernel)
+    monkeypatch.setattr(torch, "randn", slow_randn)
+    op = OPS["int4_mm"]
+    N = 8192
+    timer = tuner.kernel_timer(op, "avx512", torch.bfloat16, 256, N, 128)
+    plan = tuner.candidates(op, "avx512", torch.bfloat16)["panel"]
+    for M in (1, tuner.LARGE_M, 1024):
+        t = timer("panel", plan, M)
+        assert N * 1e-6 <= t < N * 1e-6 + 0.02, (M, t)

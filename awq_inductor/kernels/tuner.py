@@ -2,7 +2,9 @@
 
 The drivers pick a kernel path per call from M and a few row thresholds (``awq::Thresholds`` in
 ``csrc_templates/runtime/driver.h.j2``): AMX tiles from ``amx_min_m`` rows, the AVX512-BF16 decode
-kernel below ``bf16_f32_min_m``, the dequantize-once fp32 panel kernel from ``panel_min_m``. On top
+kernel below ``bf16_f32_min_m``, the dequantize-once panel kernels from ``panel_min_m`` (fp32 FMA
+on exact weights for fp32 / fp16 x; for bf16 x a bf16 GEMM loop on weights dequantized to bf16
+once per M block, the dense candidate's numerics without its DRAM round trip). On top
 of them, from ``dense_min_m`` rows a call runs :func:`dense_call`, the "never slower than dense"
 candidate: blocks of packed columns dequantized exactly into x's dtype by our C++
 (``runtime/dense.h.j2``), each followed by the dense GEMM (``F.linear``: oneDNN). A :class:`Plan` is those four
@@ -18,15 +20,16 @@ thresholds to the C++ entry point; the Inductor template renders them into the g
 reuses code generated for the previous plan.
 
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
-select that path for every M), for M in :data:`M_BUCKETS`, on two column slices of the weight
-(full K), each the minimum of a few calls; the full-N time is predicted from a per-call part and a
-per-column part fitted through them (:func:`kernel_timer`; the dense candidate gets one untimed
+select that path for every M), for M in :data:`M_BUCKETS`, on column slices of the weight (full
+K), each the minimum of a few calls; below ``LARGE_M`` rows the full-N time is predicted from a
+per-call part and a per-column part fitted through two slices, from ``LARGE_M`` rows one wider
+slice is scaled to N (:func:`kernel_timer`; the dense candidate gets one untimed
 call per (M, slice) first: oneDNN JIT-compiles its GEMM per shape on the first call). A candidate more than ``DROP_RATIO``
 times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
 larger M (the paths' costs grow monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
-checks them (:func:`path_for`); each bucket's winner is timed again, and a shape whose timings do
-not repeat (:func:`noisy_buckets`: a busy machine) keeps the constants (cached, marked noisy: the
+checks them (:func:`path_for`), after each bucket's two fastest paths are timed again (the
+minimum of both timings counts), and a shape whose timings do not repeat (:func:`noisy_buckets`: a busy machine) keeps the constants (cached, marked noisy: the
 ``tune`` command measures it again).
 """
 from __future__ import annotations
@@ -59,6 +62,13 @@ TUNE_COLUMNS = 512
 #: The narrow slice of the two-point fit (kernel_timer): one 64-column driver tile per thread at 2
 #: threads (narrower, the driver would K-slice: another regime).
 SMALL_COLUMNS = 128
+#: From LARGE_M rows every path is compute-bound and its per-call part (x conversion or packing)
+#: is small next to the GEMM, so one slice of LARGE_COLUMNS, scaled to N, predicts the call. The
+#: two-point fit multiplies the noise of (wide - narrow) by N / 384 there: on the idle VM it
+#: predicted 55.9 ms for both M = 256 and 512 of one path at 4096 x 4096, and 199 / 224 ms for
+#: M = 1024 / 2048 of another.
+LARGE_M = 128
+LARGE_COLUMNS = 1024
 #: Timed again, a bucket's fastest path must agree with its first time within this fraction.
 NOISE = 0.25
 #: A measured plan replaces the constants only if it is this much better in total (summed
@@ -268,12 +278,13 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     cpo = op.spec.columns_per_output
     wide = min(out_features, max(32, TUNE_COLUMNS // cpo))
     narrow = min(wide, max(32, SMALL_COLUMNS // cpo))
-    slices = {n: _random_weights(op, K, n, G) for n in {wide, narrow}}
+    large = min(out_features, max(32, LARGE_COLUMNS // cpo))
+    slices = {n: _random_weights(op, K, n, G) for n in {wide, narrow, large}}
     kern = native.get_kernel(op.name, x_dtype, isa)
     xs: Dict[int, torch.Tensor] = {}
 
     def run(path: str, plan: Plan, M: int, n: int):
-        x = xs.setdefault(M, torch.randn(M, K).to(x_dtype))
+        x = xs[M]
         if path == "dense":
             return dense_call(op, x, *slices[n], None, G, n)
         return kern(x, *slices[n], None, G, n, plan=plan)
@@ -281,8 +292,11 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     warmed = set()
 
     def once(path: str, plan: Plan, M: int, n: int) -> float:
-        # the minimum of a few calls (a shared machine preempts in quanta of milliseconds); a first
-        # call over 20 ms is its own measurement (the large-M buckets dominate the tuning time)
+        # the minimum of a few calls, at least two (a shared machine preempts in quanta of
+        # milliseconds); a first call over 40 ms is its own measurement (the large-M buckets
+        # dominate the tuning time)
+        if M not in xs:  # made before the clock starts (torch.randn of 2048 x 4096 takes ~30 ms)
+            xs[M] = torch.randn(M, K).to(x_dtype)
         if path == "dense" and (M, n) not in warmed:
             # oneDNN creates (JIT-compiles) its GEMM for each new shape on the first call: on the
             # idle Zen 4 VM that first call made dense at K = N = 4096 predict 33.9 ms at M = 128
@@ -290,16 +304,18 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
             warmed.add((M, n))
             run(path, plan, M, n)
         best, spent, k = float("inf"), 0.0, 0
-        while k < 10 and (k < 3 or spent < 10e-3):
+        while k < 10 and (k < 2 or spent < 10e-3):
             t0 = time.perf_counter()
             run(path, plan, M, n)
             t = time.perf_counter() - t0
             best, spent, k = min(best, t), spent + t, k + 1
-            if k == 1 and t > 20e-3:
+            if k == 1 and t > 40e-3:
                 break
         return best
 
     def timer(path: str, plan: Plan, M: int) -> float:
+        if M >= LARGE_M:
+            return once(path, plan, M, large) * n_full / (large * cpo)
         t_wide = once(path, plan, M, wide)
         if wide == narrow or wide * cpo >= n_full:
             return t_wide * n_full / (wide * cpo)
@@ -330,13 +346,17 @@ def noisy_buckets(cands: Dict[str, Plan], times: Dict[str, Dict[int, float]], ti
     again, and the first now slower than the second by more than ``NOISE`` (a preempted run on a
     loaded machine). The times themselves need not repeat: the two-slice prediction of a full call
     varies by more than 25% between runs on the idle VM (3 of the 4 Llama-7B shapes were flagged
-    by a check of the winner's time alone), while the choice it supports did not change."""
+    by a check of the winner's time alone), while the choice it supports did not change.
+    Both new times also lower ``times`` where smaller (the minimum of two interleaved
+    measurements of the two paths that decide the bucket)."""
     out = []
     for m in sorted({m for t in times.values() for m in t}):
         ranked = sorted((q for q in times if m in times[q]), key=lambda q: times[q][m])
         if len(ranked) < 2:
             continue
         first, second = (timer(q, cands[q], m) for q in ranked[:2])
+        for q, t in zip(ranked[:2], (first, second)):
+            times[q][m] = min(times[q][m], t)
         if first > (1 + NOISE) * second:
             out.append(m)
     return out
@@ -352,8 +372,11 @@ def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int
     cands = candidates(op, isa, x_dtype)
     timer = timer or kernel_timer(op, isa, x_dtype, K, out_features, G)
     times = measure(cands, timer, m_buckets)
-    plan = choose(op, isa, x_dtype, times)
+    # the second timing of each bucket's two best paths enters the choice: paths within a few
+    # percent of each other (the panel kernel and oneDNN from M = 128 on Zen 4) were otherwise
+    # decided by one sample's noise
     noisy = noisy_buckets(cands, times, timer)
+    plan = choose(op, isa, x_dtype, times)
     if 4 * len(noisy) > len(m_buckets):
         log.warning("awq_inductor: kernel timings of %s K=%d N=%d are not repeatable (M = %s differ by more "
                     "than %d%% when timed again; load average %.1f): keeping the constant thresholds; "
