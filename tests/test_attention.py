@@ -57,3 +57,27 @@ def test_convert_switches_sdpa_models_and_baselines_switch_back():
     eager = _model()
     eager.set_attn_implementation("eager")
     assert convert(eager).config._attn_implementation == "eager"  # a user's choice stays
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_compiled_decode_attention_stays_our_op(with_mask):
+    """Under torch.compile the decode rows run awq::decode_attention, not the flash-attention
+    kernel: without a mask, Inductor's attention pattern pass rewrote the plain matmul -> softmax ->
+    matmul into PyTorch's flash attention (1.3 ms per decode call in a Llama-7B-shaped layer)."""
+    from torch._inductor.utils import run_and_get_code
+
+    mod = _model().model.layers[0].self_attn
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 4, 1, 32, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 9, 32, generator=g).bfloat16() for _ in range(2))
+    mask = torch.ones(1, 1, 1, 9, dtype=torch.bool) if with_mask else None
+
+    def f(q, k, v):
+        return attention.awq_sdpa_attention_forward(mod, q, k, v, mask, scaling=0.2)[0]
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got, code = run_and_get_code(torch.compile(f, backend="awq_inductor"), q, k, v)
+    text = "\n".join(code)
+    assert "awq.decode_attention" in text and "flash" not in text
+    torch.testing.assert_close(got, attention.decode_attention(q, k, v, mask, 0.2), atol=0, rtol=0)
