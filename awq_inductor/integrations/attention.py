@@ -66,10 +66,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return out.reshape(B, 1, Hq, D).to(query.dtype)
 
 
-# An opaque op, so that Inductor runs the eager math above: its attention pattern pass
-# (fx_passes/fuse_attention) rewrites matmul -> softmax -> matmul without a mask into PyTorch's
-# flash-attention kernel, which took 1.3 ms per decode call in the 4-layer Llama-7B-shaped model
-# (32 / 8 heads, 530 tokens, 2 threads: 5 ms of a 26 ms step), against 0.26 ms for this math.
+# An opaque op, so that a compiled model runs the math above: Inductor's attention pattern pass
+# (fx_passes/fuse_attention) rewrites an unmasked matmul -> softmax -> matmul into PyTorch's fp32
+# flash kernel with GQA. Measured interleaved (2 threads, 540 cached tokens, 32 / 8 and 32 / 4
+# heads): that kernel 0.27-0.51 ms per call, this op 0.19-0.40 ms: no faster, but explicit.
 torch.library.define("awq::decode_attention",
                      "(Tensor query, Tensor key, Tensor value, Tensor? mask, float scaling) -> Tensor")
 
