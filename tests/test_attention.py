@@ -80,4 +80,49 @@ def test_compiled_decode_attention_stays_our_op(with_mask):
         got, code = run_and_get_code(torch.compile(f, backend="awq_inductor"), q, k, v)
     text = "\n".join(code)
     assert "awq.decode_attention" in text and "flash" not in text
-    torch.testing.assert_close(got, attention.decode_attention(q, k, v, mask, 0.2), atol=0, rtol=0)
+    torch.testing.assert_close(got, torch.ops.awq.decode_attention(q, k, v, mask, 0.2), atol=0, rtol=0)
+
+
+@pytest.mark.skipif(__import__("awq_inductor.kernels.isa", fromlist=["x"]).select() == "portable",
+                    reason="the C++ decode attention needs AVX512-BF16")
+@pytest.mark.parametrize("B,Hq,Hkv,D,L", [(1, 32, 8, 128, 530), (2, 32, 4, 128, 17), (1, 4, 2, 32, 1),
+                                          (2, 8, 8, 64, 7), (1, 16, 1, 256, 33), (3, 6, 2, 96, 40)])
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_native_decode_attention_matches_the_fp32_math(B, Hq, Hkv, D, L, mask_kind):
+    """The C++ kernel (the op's CPU path for bf16): within one bf16 rounding of softmax(q k^T) v in
+    fp32, on K / V cache slices with row and head strides (a longer cache viewed to L rows)."""
+    g = torch.Generator().manual_seed(L + D)
+    k = torch.randn(B, Hkv, L + 5, D, generator=g).bfloat16()[:, :, :L]
+    v = torch.randn(B, Hkv, L + 3, D, generator=g).bfloat16()[:, :, :L]
+    q = torch.randn(B, Hq, 1, D, generator=g).bfloat16()
+    mask = None
+    if mask_kind == "bool":
+        mask = torch.rand(B, 1, 1, L, generator=g) > 0.3
+        mask[..., 0] = True
+    elif mask_kind == "additive":
+        mask = torch.randn(B, 1, 1, L, generator=g)
+    got = attention._native_decode_attention(q, k, v, mask, D ** -0.5)
+    assert got is not None and got.shape == (B, 1, Hq, D) and got.dtype == torch.bfloat16
+    want = attention.decode_attention(q.float(), k.float(), v.float(), mask, D ** -0.5)  # fp32 throughout
+    assert ((got.float() - want).abs() <= want.abs() * 2.0 ** -8 + 1e-6).all()
+    torch.testing.assert_close(torch.ops.awq.decode_attention(q, k, v, mask, D ** -0.5), got, atol=0, rtol=0)
+
+
+@pytest.mark.skipif(__import__("awq_inductor.kernels.isa", fromlist=["x"]).select() == "portable",
+                    reason="the C++ decode attention needs AVX512-BF16")
+def test_native_decode_attention_nan_and_fallbacks():
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 4, 1, 32, generator=g).bfloat16()
+    k, v = (torch.randn(1, 2, 5, 32, generator=g).bfloat16() for _ in range(2))
+    k[0, 0, 2, 3] = float("nan")  # KV head 0 serves query heads 0 and 1
+    got = attention._native_decode_attention(q, k, v, None, 0.1)
+    assert torch.isnan(got[0, 0, :2]).all() and torch.isfinite(got[0, 0, 2:]).all()
+    k[0, 0, 2, 3] = 0.0
+    per_head = torch.ones(1, 4, 1, 5, dtype=torch.bool)
+    assert attention._native_decode_attention(q, k, v, per_head, 0.1) is None  # aten math instead
+    assert attention._native_decode_attention(q.half(), k.half(), v.half(), None, 0.1) is None
+    q48, k48 = torch.randn(1, 4, 1, 48).bfloat16(), torch.randn(1, 2, 5, 48).bfloat16()
+    assert attention._native_decode_attention(q48, k48, torch.randn(1, 2, 5, 48).bfloat16(), None, 0.1) is None
+    # the op still answers where the kernel does not apply
+    torch.testing.assert_close(torch.ops.awq.decode_attention(q, k, v, per_head, 0.1),
+                               attention.decode_attention(q, k, v, per_head, 0.1), atol=0, rtol=0)

@@ -10,6 +10,12 @@ both dtypes take 27.6 ms, so only calls with one query row per sequence (decode)
 :func:`decode_attention` (fp32, GQA by a view, 0.12 ms); everything else is transformers' own
 ``sdpa``.
 
+Inside a model the decode rows run the op ``awq::decode_attention``: for bf16 a C++ kernel
+(``csrc_templates/head/decode_attention.cpp.j2``: one pass over K and then V per sequence and KV
+head, bf16 read directly, products exact, fp32 softmax and sums; 0.15-0.18 ms per call against
+0.29-0.41 ms for :func:`decode_attention`'s aten ops, 32 / 8 and 32 / 4 heads of 128, 540 cached
+tokens, 2 threads, interleaved), else :func:`decode_attention` itself.
+
 :func:`use_fp32_decode_attention` registers the function under ``awq_sdpa`` (with ``sdpa``'s mask
 function) and switches a model that uses ``sdpa`` to it; ``awq_inductor.convert`` calls it. The
 results differ from bf16 ``sdpa`` by the rounding of the bf16 kernel: fp32 softmax and sums are
@@ -17,8 +23,13 @@ the more accurate of the two.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 from torch import nn
+
+from .. import config
 
 NAME = "awq_sdpa"
 _HALF = (torch.bfloat16, torch.float16)
@@ -66,10 +77,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     return out.reshape(B, 1, Hq, D).to(query.dtype)
 
 
-# An opaque op, so that a compiled model runs the math above: Inductor's attention pattern pass
-# (fx_passes/fuse_attention) rewrites an unmasked matmul -> softmax -> matmul into PyTorch's fp32
-# flash kernel with GQA. Measured interleaved (2 threads, 540 cached tokens, 32 / 8 and 32 / 4
-# heads): that kernel 0.27-0.51 ms per call, this op 0.19-0.40 ms: no faster, but explicit.
+# An opaque op: the C++ kernel for bf16 (0.15-0.18 ms per call, see the module docstring), the
+# aten math above otherwise. As plain aten ops inside a compiled model, Inductor's attention
+# pattern pass (fx_passes/fuse_attention) rewrote an unmasked matmul -> softmax -> matmul into
+# PyTorch's fp32 flash kernel with GQA (0.43-0.52 ms per call, same measurement).
 torch.library.define("awq::decode_attention",
                      "(Tensor query, Tensor key, Tensor value, Tensor? mask, float scaling) -> Tensor")
 
@@ -82,7 +93,67 @@ def _decode_attention_fake(query, key, value, mask, scaling):
 
 @torch.library.impl("awq::decode_attention", "CPU")
 def _decode_attention_cpu(query, key, value, mask, scaling):
-    return decode_attention(query, key, value, mask, scaling)
+    out = _native_decode_attention(query, key, value, mask, scaling)
+    return decode_attention(query, key, value, mask, scaling) if out is None else out
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel():
+    """The C++ kernel (``csrc_templates/head/decode_attention.cpp.j2``), or None without AVX512-BF16."""
+    from ..kernels import codegen, native
+    from ..kernels import isa as isa_mod
+
+    if isa_mod.select() == "portable":
+        return None
+    src = codegen.env().get_template("head/decode_attention.cpp.j2").render()
+    flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
+    fn = ctypes.CDLL(native.build(src, flags, name="awq_decode_attention", isa="avx512")).awq_decode_attention
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, vp, i64,
+                   ctypes.c_float, vp, i64, i64, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _mask_rows(mask, B: int, L: int):
+    """An additive fp32 [B, L] mask from one that is the same for every head (None: no mask; False if
+    it differs per head: the caller falls back)."""
+    if mask is None:
+        return None
+    m = mask[..., -1:, :L]
+    if m.dim() != 4 or m.shape[1] != 1:
+        return False
+    m = m.expand(B, 1, 1, L).reshape(B, L)
+    if m.dtype == torch.bool:
+        return torch.zeros(B, L).masked_fill_(~m, float("-inf"))
+    return m.float().contiguous()
+
+
+def _native_decode_attention(query, key, value, mask, scaling):
+    """The C++ kernel's result [B, 1, Hq, D] bf16, or None where it does not apply (not bf16, D not a
+    multiple of 32 or over 256, more than 16 query heads per KV head, a per-head mask, no
+    AVX512-BF16): the aten math then runs."""
+    B, Hq, _, D = query.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    if (query.dtype != torch.bfloat16 or key.dtype != torch.bfloat16 or value.dtype != torch.bfloat16
+            or D % 32 or D > 256 or Hq % Hkv or Hq // Hkv > 16 or L == 0
+            or key.stride(-1) != 1 or value.stride(-1) != 1 or value.shape[2] != L):
+        return None
+    rows = _mask_rows(mask, B, L)
+    fn = _kernel() if rows is not False else None
+    if fn is None:
+        return None
+    q = query.reshape(B, Hq, D).contiguous()
+    out = torch.empty(B, 1, Hq, D, dtype=torch.bfloat16)
+    rc = fn(q.data_ptr(), B, Hq, D, q.stride(0), q.stride(1),
+            key.data_ptr(), Hkv, L, key.stride(0), key.stride(1), key.stride(2),
+            value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
+            None if rows is None else rows.data_ptr(), 0 if rows is None else rows.stride(0),
+            float(scaling), out.data_ptr(), out.stride(0), out.stride(2), int(config.num_threads or torch.get_num_threads()))
+    if rc != 0:
+        raise RuntimeError(f"awq_inductor: decode attention kernel rejected query {list(query.shape)}, "
+                           f"key {list(key.shape)} (code {rc})")
+    return out
 
 
 def register() -> None:
