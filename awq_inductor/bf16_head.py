@@ -52,15 +52,11 @@ def gemv_available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(kc_one_row: int = KC_ONE_ROW):
-    from .kernels import codegen, native
+    from .kernels import native
 
-    src = codegen.env().get_template("head/bf16_linear.cpp.j2").render(kc1=kc_one_row)
-    flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16"]
-    fn = ctypes.CDLL(native.build(src, flags, name="awq_bf16_linear", isa="avx512")).awq_bf16_linear
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [vp, i64, vp, vp, i64, i64, ctypes.c_int]
-    fn.restype = None
-    return fn
+    return native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", [vp, i64, vp, vp, i64, i64, ctypes.c_int],
+                             flags=native.AVX512_BF16_FLAGS, isa="avx512", kc1=kc_one_row)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, kc_one_row: int = KC_ONE_ROW) -> torch.Tensor:

@@ -62,15 +62,12 @@ def reference(x, weight, scales, bias) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _kernel(isa: str):
-    from .kernels import codegen, native
+    from .kernels import native
 
-    src = codegen.env().get_template("head/int8_linear.cpp.j2").render(isa=isa)
-    flags = [] if isa == "portable" else ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"]
-    fn = ctypes.CDLL(native.build(src, flags, name="awq_int8_linear", isa=isa)).awq_int8_linear_f32
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [vp, i64, vp, vp, vp, i64, i64, ctypes.c_int]
-    fn.restype = None
-    return fn
+    flags = [] if isa == "portable" else ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"]
+    return native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32",
+                             [vp, i64, vp, vp, vp, i64, i64, ctypes.c_int], flags=flags, isa=isa)
 
 
 def _gemv(x, weight, scales) -> torch.Tensor:

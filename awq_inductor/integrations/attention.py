@@ -100,19 +100,16 @@ def _decode_attention_cpu(query, key, value, mask, scaling):
 @functools.lru_cache(maxsize=None)
 def _kernel():
     """The C++ kernel (``csrc_templates/head/decode_attention.cpp.j2``), or None without AVX512-BF16."""
-    from ..kernels import codegen, native
     from ..kernels import isa as isa_mod
+    from ..kernels import native
 
     if isa_mod.select() == "portable":
         return None
-    src = codegen.env().get_template("head/decode_attention.cpp.j2").render()
-    flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
-    fn = ctypes.CDLL(native.build(src, flags, name="awq_decode_attention", isa="avx512")).awq_decode_attention
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, vp, i64,
-                   ctypes.c_float, vp, i64, i64, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+    return native.c_function(
+        "head/decode_attention.cpp.j2", "awq_decode_attention",
+        [vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, vp, i64,
+         ctypes.c_float, vp, i64, i64, ctypes.c_int], ctypes.c_int, flags=native.AVX512_BF16_FLAGS, isa="avx512")
 
 
 def _mask_rows(mask, B: int, L: int):

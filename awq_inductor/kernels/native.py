@@ -27,6 +27,23 @@ from .toolchain import compiler_id, require_cxx
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
 
 
+#: The AVX512 flags of the standalone kernels (the heads, decode attention) that use AVX512-BF16.
+AVX512_BF16_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
+
+
+def c_function(template: str, symbol: str, argtypes: list, restype=None, *, flags: List[str], isa: str,
+               **render) -> Callable:
+    """A standalone kernel outside the int4 ops (``csrc_templates/head/*``): render ``template`` with
+    ``isa`` and ``render``, build it (cached on disk like every kernel: the file name is ``symbol``,
+    the ISA and a key over source, flags, ISA and compiler) and return the function ``symbol`` with
+    its ctypes signature."""
+    src = codegen.env().get_template(template).render(isa=isa, **render)
+    fn = getattr(ctypes.CDLL(build(src, flags, name=symbol, isa=isa)), symbol)
+    fn.argtypes = argtypes
+    fn.restype = restype
+    return fn
+
+
 def cache_dir() -> str:
     d = os.environ.get("AWQ_INDUCTOR_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor")
     os.makedirs(d, exist_ok=True)
