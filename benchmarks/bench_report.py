@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -97,28 +96,21 @@ def methods(K, N, G, dtype):
             "aten_int4pack": Int4PackLinear(q, z, s, None, G, dtype)}, (q, z, s)
 
 
-def time_interleaved(fns, x, reps, flush=None, rewarm=None):
-    """Median ms per method, the methods interleaved within each rep (a load burst on the shared
-    machine hits every method alike). Cold (``flush``): before each timed call, a read-only pass
-    over a buffer larger than the L3 evicts the weights, then ``rewarm[name]`` runs the same method
-    on a small layer: the pass also evicts the code, interpreter and dispatcher state, which the
-    first method after it paid for (0.2-0.3 ms at M = 1, benchmarks/bench_decode.py) and decode,
-    running the same code layer after layer, never pays. A write pass (the old ``add_``) also left
-    768 MiB of dirty lines whose write-back competed with the timed call for bandwidth."""
-    for fn in fns.values():
-        for _ in range(2):
-            fn(x)
-    ts = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
-            if flush is not None:
-                flush.sum()
-                if rewarm and k in rewarm:
-                    rewarm[k](x)
-            t0 = time.perf_counter()
-            fn(x)
-            ts[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) * 1e3 for k, v in ts.items()}
+def flush_then_rewarm(flush, rewarm):
+    """bench_decode.time_interleaved's per-method ``rewarm`` for the flush harness: before each timed
+    call a read-only pass over a buffer larger than the L3 evicts the weights, then the same method
+    runs on a small layer (``rewarm[name]``, its weights stay in cache): the pass also evicts the
+    code, interpreter and dispatcher state, which the first method after it paid for (0.2-0.3 ms at
+    M = 1, benchmarks/bench_decode.py) and decode, running the same code layer after layer, never
+    pays. A write pass (the old ``add_``) also left 768 MiB of dirty lines whose write-back competed
+    with the timed call for bandwidth."""
+    def make(fn):
+        def before(x):
+            flush.sum()
+            if fn is not None:
+                fn(x)
+        return before
+    return {k: make(fn) for k, fn in rewarm.items()}
 
 
 def run_shape(K, N, G, ms, dtype, reps, cold, flush):
@@ -146,7 +138,9 @@ def run_shape(K, N, G, ms, dtype, reps, cold, flush):
             row.update(bench_decode.time_interleaved(copies, x, reps, rewarm=decode_warm))
             for k in copies:
                 mfns.pop(k)
-        row.update(time_interleaved(mfns, x, reps, flush if cold else None, rewarm))
+        before = flush_then_rewarm(flush, {k: rewarm.get(k) for k in mfns}) if cold else None
+        # the methods interleaved within each rep: a load burst on the shared machine hits them alike
+        row.update(bench_decode.time_interleaved({k: [fn] for k, fn in mfns.items()}, x, reps, rewarm=before))
         t = row["ours"] * 1e-3
         row["GB/s"] = layer_bytes(M, K, N, G, x.element_size()) / t / 1e9
         row["TFLOP/s"] = 2 * M * N * K / t / 1e12
