@@ -74,11 +74,14 @@ def _dequantized_copy(model, dtype):
     return to_dense(copy.deepcopy(model), dtype).to(dtype)
 
 
-def bench(model, ids, new_tokens: int, label: str, repeats: int = 3):
+def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
     """(prefill tok/s, decode tok/s, generated ids). A full warm-up ``generate`` first (for the
     compiled model it compiles the prefill and decode graphs, including dynamic-shape recompiles).
-    prefill = median time of ``generate(max_new_tokens=1)``; decode = (median time of the full
-    ``generate`` - prefill) over the remaining ``new_tokens - 1`` steps."""
+    Then ``repeats`` pairs of ``generate(max_new_tokens=1)`` and the full ``generate``, run back to
+    back: prefill = median time of the first; decode = median over pairs of (full - first) over the
+    remaining ``new_tokens - 1`` steps. Pairs, because the VM drifts by 5-15% between runs and
+    decode is a difference of two timings: the medians of the two sides taken apart moved the MoE
+    decode figure between 56 and 84 tok/s for one build."""
     import statistics
 
     import torch
@@ -92,12 +95,11 @@ def bench(model, ids, new_tokens: int, label: str, repeats: int = 3):
 
     with torch.no_grad():
         warm, _ = timed(new_tokens)
-        prefill = statistics.median(timed(1)[0] for _ in range(repeats))
-        runs = [timed(new_tokens) for _ in range(repeats)]
-    total = statistics.median(t for t, _ in runs)
-    out = runs[-1][1]
+        pairs = [(timed(1)[0], timed(new_tokens)) for _ in range(repeats)]
+    prefill = statistics.median(p for p, _ in pairs)
+    out = pairs[-1][1][1]
     steps = max(new_tokens - 1, 1)
-    decode = max(total - prefill, 1e-6)
+    decode = max(statistics.median(t - p for p, (t, _) in pairs), 1e-6)
     pf, dc = ids.numel() / prefill, steps * ids.shape[0] / decode
     _log(f"  {label:<34} warm-up {warm:6.1f}s   prefill {pf:8.1f} tok/s   decode {dc:7.1f} tok/s")
     return pf, dc, out

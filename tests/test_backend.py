@@ -153,3 +153,47 @@ def test_untested_torch_version_warns_and_skips(monkeypatch):
     with pytest.warns(RuntimeWarning, match="not the tested"):
         assert inductor.register() is False
     assert inductor.register() is False  # idempotent, warns once
+
+
+@pytest.mark.skipif(not __import__("awq_inductor").bf16_head.gemv_available(), reason="needs AVX512-BF16")
+def test_bf16_linears_are_routed_to_the_gemv():
+    """A router-like 2-D bf16 F.linear runs awq::bf16_linear in the compiled code (decode rows on
+    our GEMV); 3-D x, fp32, and a non-contiguous weight keep F.linear. Results within one bf16
+    rounding of an fp32 matmul, at 1 row and at 7 (F.linear inside the op)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(128, 256, generator=g).bfloat16()
+    wt = torch.randn(256, 96, generator=g).bfloat16().t()  # [96, 256], not contiguous
+    b = torch.randn(128, generator=g).bfloat16()
+
+    def f(x2, x3, xf):
+        return (torch.nn.functional.linear(x2, w), torch.nn.functional.linear(x2, w, b),
+                torch.nn.functional.linear(x3, w), torch.nn.functional.linear(x2, wt),
+                torch.nn.functional.linear(xf, w.float()))
+
+    for M in (1, 7):
+        x2 = torch.randn(M, 256, generator=g).bfloat16()
+        xf = x2.float()
+        with iconfig.patch(force_disable_caches=True):
+            outs, codes = run_and_get_code(torch.compile(f, backend="awq_inductor", dynamic=False),
+                                           x2, x2[None], xf)
+        code = "\n".join(codes)
+        assert code.count("= torch.ops.awq.bf16_linear.default(") == 2, code
+        wf = w.float()
+        for y, exp in zip(outs[:2], (xf @ wf.T, xf @ wf.T + b.float())):
+            assert y.dtype == torch.bfloat16
+            torch.testing.assert_close(y.float(), exp, atol=2e-2, rtol=8e-3)
+        torch.testing.assert_close(outs[2][0].float(), xf @ wf.T, atol=2e-2, rtol=8e-3)
+        torch._dynamo.reset()
+
+
+def test_bf16_linear_stays_aten_without_the_gemv(monkeypatch):
+    from awq_inductor import bf16_head
+
+    w = torch.randn(16, 32).bfloat16()
+    monkeypatch.setattr(bf16_head, "gemv_available", lambda: False)
+    x = torch.randn(1, 32).bfloat16()
+    with iconfig.patch(force_disable_caches=True):
+        out, codes = run_and_get_code(torch.compile(lambda a: torch.nn.functional.linear(a, w),
+                                                    backend="awq_inductor"), x)
+    assert "bf16_linear" not in "\n".join(codes)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w))

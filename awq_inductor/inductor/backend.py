@@ -56,8 +56,41 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             kwargs.pop(key, None)
     if kwargs:
         raise TypeError(f"awq_inductor_backend: unexpected arguments {sorted(kwargs)}")
+    route_bf16_linears(gm)
     tune_graph(gm)
     return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra))
+
+
+def route_bf16_linears(gm: torch.fx.GraphModule) -> int:
+    """Point the graph's 2-D bf16 ``F.linear`` calls (a MoE router, Qwen2-MoE's shared-expert gate)
+    at ``awq::bf16_linear``: our GEMV at one row (decode), ``F.linear`` for more rows, so prefill
+    is unchanged. Why: ``aten::mm`` spent 0.176 ms per call on the 128 x 2048 Qwen3-MoE router at
+    M=1 (torch.profiler, 4-layer slice; 0.7 ms of a 15 ms decode step), reading 512 KB.
+    Only where the GEMV exists (AVX512-BF16) and the weight is contiguous (the op would copy it
+    otherwise). Returns the number of calls rerouted."""
+    from .. import bf16_head
+
+    if not bf16_head.gemv_available():
+        return 0
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (torch._C._nn.linear, torch.nn.functional.linear):
+            continue
+        args = list(node.args) + [node.kwargs.get("bias")] * (3 - len(node.args))
+        if len(args) != 3 or set(node.kwargs) - {"bias"}:
+            continue
+        x, w, b = (a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a for a in args)
+        if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or (b is not None and not isinstance(b, torch.Tensor)):
+            continue
+        if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2 or w.dim() != 2:
+            continue
+        if not w.is_contiguous() or (b is not None and b.dim() != 1):
+            continue
+        node.target, node.args, node.kwargs = torch.ops.awq.bf16_linear.default, tuple(args), {}
+        n += 1
+    if n:
+        gm.recompile()
+    return n
 
 
 def tune_graph(gm: torch.fx.GraphModule) -> int:
