@@ -173,7 +173,7 @@ def test_bf16_linears_are_routed_to_the_gemv():
     for M in (1, 7):
         x2 = torch.randn(M, 256, generator=g).bfloat16()
         xf = x2.float()
-        with iconfig.patch(force_disable_caches=True):
+        with iconfig.patch(force_disable_caches=True), torch.no_grad():
             outs, codes = run_and_get_code(torch.compile(f, backend="awq_inductor", dynamic=False),
                                            x2, x2[None], xf)
         code = "\n".join(codes)
@@ -186,13 +186,26 @@ def test_bf16_linears_are_routed_to_the_gemv():
         torch._dynamo.reset()
 
 
+def test_bf16_linear_keeps_autograd_with_grad_enabled():
+    """With grad mode on (training), the op (no autograd formula) is not substituted: gradients
+    still reach the weight."""
+    w = torch.randn(16, 32).bfloat16().requires_grad_()
+    x = torch.randn(1, 32).bfloat16()
+    with iconfig.patch(force_disable_caches=True):
+        out, codes = run_and_get_code(torch.compile(lambda a: torch.nn.functional.linear(a, w).sum(),
+                                                    backend="awq_inductor"), x)
+    assert "bf16_linear" not in "\n".join(codes)
+    out.backward()
+    torch.testing.assert_close(w.grad.float(), x.float().expand(16, 32), atol=1e-2, rtol=1e-2)
+
+
 def test_bf16_linear_stays_aten_without_the_gemv(monkeypatch):
     from awq_inductor import bf16_head
 
     w = torch.randn(16, 32).bfloat16()
     monkeypatch.setattr(bf16_head, "gemv_available", lambda: False)
     x = torch.randn(1, 32).bfloat16()
-    with iconfig.patch(force_disable_caches=True):
+    with iconfig.patch(force_disable_caches=True), torch.no_grad():
         out, codes = run_and_get_code(torch.compile(lambda a: torch.nn.functional.linear(a, w),
                                                     backend="awq_inductor"), x)
     assert "bf16_linear" not in "\n".join(codes)

@@ -66,11 +66,14 @@ def route_bf16_linears(gm: torch.fx.GraphModule) -> int:
     at ``awq::bf16_linear``: our GEMV at one row (decode), ``F.linear`` for more rows, so prefill
     is unchanged. Why: ``aten::mm`` spent 0.176 ms per call on the 128 x 2048 Qwen3-MoE router at
     M=1 (torch.profiler, 4-layer slice; 0.7 ms of a 15 ms decode step), reading 512 KB.
-    Only where the GEMV exists (AVX512-BF16) and the weight is contiguous (the op would copy it
-    otherwise). Returns the number of calls rerouted."""
+    Only where the GEMV exists (AVX512-BF16), with grad mode off while the graph is compiled
+    (the op has no autograd formula; Dynamo guards on grad mode, so a graph traced with grad
+    enabled is compiled apart), a contiguous weight (the op would copy it otherwise) and no
+    bias or a bf16 one (F.linear rejects any other, and so must the graph). Returns the number
+    of calls rerouted."""
     from .. import bf16_head
 
-    if not bf16_head.gemv_available():
+    if torch.is_grad_enabled() or not bf16_head.gemv_available():
         return 0
     n = 0
     for node in gm.graph.nodes:
@@ -84,7 +87,7 @@ def route_bf16_linears(gm: torch.fx.GraphModule) -> int:
             continue
         if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2 or w.dim() != 2:
             continue
-        if not w.is_contiguous() or (b is not None and b.dim() != 1):
+        if not w.is_contiguous() or (b is not None and (b.dim() != 1 or b.dtype != torch.bfloat16)):
             continue
         node.target, node.args, node.kwargs = torch.ops.awq.bf16_linear.default, tuple(args), {}
         n += 1
