@@ -15,7 +15,7 @@ def _model(dtype=torch.bfloat16):
     return testing.build_float_model(testing.tiny_config("llama"), dtype=dtype)
 
 
-def test_decode_rows_run_in_fp32_prefill_stays_sdpa():
+def test_decode_rows_run_in_fp32_unsupported_prefill_stays_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     mod = _model().model.layers[0].self_attn
@@ -32,6 +32,7 @@ def test_decode_rows_run_in_fp32_prefill_stays_sdpa():
         torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)  # one bf16 rounding
         torch.testing.assert_close(attention.decode_attention(q1, k, v, mask, 32 ** -0.5).float(),
                                    want.bfloat16().float(), atol=1e-2, rtol=0)
+    # head dim 32: no prefill kernel, sdpa as transformers calls it
     got, _ = attention.awq_sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
     want, _ = sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
@@ -126,3 +127,102 @@ def test_native_decode_attention_nan_and_fallbacks():
     # the op still answers where the kernel does not apply
     torch.testing.assert_close(torch.ops.awq.decode_attention(q, k, v, per_head, 0.1),
                                attention.decode_attention(q, k, v, per_head, 0.1), atol=0, rtol=0)
+
+
+_needs_avx512 = pytest.mark.skipif(__import__("awq_inductor.kernels.isa", fromlist=["x"]).select() == "portable",
+                                   reason="the C++ prefill attention needs AVX512-BF16")
+
+
+def _attn_reference(q, k, v, mask, scale):
+    """fp32 softmax(q k^T * scale) v, causal (top-left) without a mask; [B, T, Hq, D]."""
+    Hq, T, Hkv, L = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    kk = k.float().repeat_interleave(Hq // Hkv, 1)
+    vv = v.float().repeat_interleave(Hq // Hkv, 1)
+    s = q.float() @ kk.transpose(-1, -2) * scale
+    allowed = torch.ones(T, L, dtype=torch.bool).tril()[None, None] if mask is None else mask
+    return (torch.softmax(s.masked_fill(~allowed, float("-inf")), -1) @ vv).transpose(1, 2)
+
+
+def _prefill_inputs(B, Hq, Hkv, T, D, seed, extra=5):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, T, D, generator=g).bfloat16()
+    # the cache as a slice of a longer buffer: strided batch and head
+    k, v = (torch.randn(B, Hkv, T + extra, D, generator=g).bfloat16()[:, :, :T] for _ in range(2))
+    return q, k, v
+
+
+@_needs_avx512
+@pytest.mark.parametrize("B,Hq,Hkv,T,D", [(1, 32, 4, 70, 128), (2, 8, 8, 37, 64), (1, 4, 2, 33, 256),
+                                          (1, 64, 1, 19, 128), (2, 6, 2, 1, 128)])
+@pytest.mark.parametrize("mask_kind", ["causal", "padded"])
+def test_native_prefill_attention_matches_the_fp32_math(B, Hq, Hkv, T, D, mask_kind):
+    """awq::prefill_attention's C++ kernel against fp32 math: its error is that of PyTorch's bf16
+    sdpa (one rounding of the probabilities and of the output), on a strided cache, GQA, head dims
+    64 / 128 / 256, T not a multiple of 16, and a left-padded bool mask."""
+    import torch.nn.functional as F
+
+    q, k, v = _prefill_inputs(B, Hq, Hkv, T, D, seed=B * 1000 + T)
+    mask = None
+    if mask_kind == "padded":
+        mask = torch.ones(T, T, dtype=torch.bool).tril()[None, None].repeat(B, 1, 1, 1)
+        pad = min(3, T - 1)
+        mask[-1, :, :, :pad] = False
+        mask[-1, :, :pad, 0] = True  # padding rows attend the first key (no row attends nothing)
+    got = attention._native_prefill_attention(q, k, v, mask, D ** -0.5)
+    assert got is not None and got.shape == (B, T, Hq, D) and got.dtype == torch.bfloat16
+    want = _attn_reference(q, k, v, mask, D ** -0.5)
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=D ** -0.5,
+                                          enable_gqa=True).transpose(1, 2).float()
+    err, sdpa_err = float((got.float() - want).abs().max()), float((sdpa - want).abs().max())
+    assert err <= 2 * sdpa_err + 2e-3, (err, sdpa_err)
+    torch.testing.assert_close(torch.ops.awq.prefill_attention(q, k, v, mask, D ** -0.5), got, atol=0, rtol=0)
+
+
+@_needs_avx512
+def test_native_prefill_attention_fallbacks_and_nan():
+    """What the kernel does not take runs PyTorch's sdpa inside the op (a row that attends nothing,
+    head dim 96, fp16, no mask with T != L); a NaN key reaches only the rows that see it."""
+    import torch.nn.functional as F
+
+    q, k, v = _prefill_inputs(1, 8, 2, 24, 128, seed=5)
+    mask = torch.ones(1, 1, 24, 24, dtype=torch.bool).tril()
+    mask[0, 0, 3] = False  # row 3 attends no key
+    assert attention._native_prefill_attention(q, k, v, mask, 0.1) is None
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.1, enable_gqa=True).transpose(1, 2)
+    torch.testing.assert_close(torch.ops.awq.prefill_attention(q, k, v, mask, 0.1), want, atol=0, rtol=0,
+                               equal_nan=True)
+    q96, k96, v96 = _prefill_inputs(1, 4, 2, 9, 96, seed=6)
+    assert attention._native_prefill_attention(q96, k96, v96, None, 0.1) is None
+    assert attention._native_prefill_attention(q.half(), k.half(), v.half(), None, 0.1) is None
+    assert attention._native_prefill_attention(q[:, :, :20], k, v, None, 0.1) is None  # T != L, no mask
+    k = k.clone()
+    k[0, 1, 10, 0] = float("nan")  # KV head 1, key 10: query heads 4..7, rows 10 and later
+    got = attention._native_prefill_attention(q, k, v, None, 0.1)
+    nan_rows = got[0].float().isnan().any(-1)  # [T, Hq]
+    assert nan_rows[10:, 4:].all() and not nan_rows[:10].any() and not nan_rows[:, :4].any()
+
+
+def test_prefill_rows_run_our_op_in_a_model_eager_and_compiled():
+    """A bf16 model with head dim 64 after convert: prefill attention is awq::prefill_attention
+    (no flash kernel in the compiled code), logits within bf16 tolerance of transformers' sdpa,
+    eager and compiled."""
+    from torch._inductor.utils import run_and_get_code
+
+    m = testing.build_float_model(testing.tiny_config("llama", num_attention_heads=2, num_key_value_heads=1),
+                                  dtype=torch.bfloat16)
+    ref = __import__("copy").deepcopy(m)  # stays on transformers' sdpa
+    convert(m)
+    assert ref.config._attn_implementation == "sdpa" and m.config._attn_implementation == attention.NAME
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = ref(ids).logits.float()
+        got = m(ids).logits.float()
+        assert float((got - want).abs().max()) < 0.03 * float(want.abs().max())
+        torch._dynamo.reset()
+        fwd = m.forward
+        m.forward = torch.compile(fwd, backend="awq_inductor")
+        got_c, code = run_and_get_code(m, ids)
+        m.forward = fwd
+    text = "\n".join(code)
+    assert "awq.prefill_attention" in text and "flash" not in text
+    torch.testing.assert_close(got_c.logits.float(), got, atol=0.03 * float(want.abs().max()), rtol=0)

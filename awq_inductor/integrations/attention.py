@@ -41,13 +41,37 @@ def awq_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torc
     row per sequence and a half dtype (``query`` [B, H, q_len, D]) and the attention is plain."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.dtype not in _HALF or query.shape[2] != 1 or not _plain(module, kwargs):
+    if query.dtype not in _HALF or not _plain(module, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling")
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if query.shape[2] != 1:
+        return _prefill(module, query, key, value, attention_mask, scaling, kwargs)
     if query.requires_grad or key.requires_grad or value.requires_grad:  # (the op has no autograd)
         return decode_attention(query, key, value, attention_mask, scaling), None
     return torch.ops.awq.decode_attention(query, key, value, attention_mask, scaling), None
+
+
+def _prefill(module, query, key, value, attention_mask, scaling, kwargs):
+    """Several query rows (prefill): ``awq::prefill_attention`` where it applies (bf16, causal as
+    transformers' sdpa path defines it, or a bool mask the same for every head, no grad), else
+    transformers' own ``sdpa``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    T, L = query.shape[2], key.shape[2]
+    mask = attention_mask
+    ok = (query.dtype == torch.bfloat16 and not (query.requires_grad or key.requires_grad or value.requires_grad)
+          and (mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1)))
+    if ok and mask is None:
+        # transformers: is_causal without a mask, keys cropped to the first T (sdpa's top-left
+        # alignment when the cache holds more); a non-causal module without a mask is not ours
+        ok = bool(causal) and L >= T
+        key, value = key[:, :, :T], value[:, :, :T]
+    if not ok:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return torch.ops.awq.prefill_attention(query, key, value, mask, scaling), None
 
 
 def _plain(module: nn.Module, kwargs: dict) -> bool:
@@ -95,6 +119,78 @@ def _decode_attention_fake(query, key, value, mask, scaling):
 def _decode_attention_cpu(query, key, value, mask, scaling):
     out = _native_decode_attention(query, key, value, mask, scaling)
     return decode_attention(query, key, value, mask, scaling) if out is None else out
+
+
+# Prefill: an opaque op over the C++ kernel (csrc_templates/head/prefill_attention.cpp.j2); where it
+# does not apply, PyTorch's sdpa as transformers calls it.
+torch.library.define("awq::prefill_attention",
+                     "(Tensor query, Tensor key, Tensor value, Tensor? mask, float scaling) -> Tensor")
+
+
+@torch.library.register_fake("awq::prefill_attention")
+def _prefill_attention_fake(query, key, value, mask, scaling):
+    B, Hq, T, D = query.shape
+    return query.new_empty((B, T, Hq, D))
+
+
+@torch.library.impl("awq::prefill_attention", "CPU")
+def _prefill_attention_cpu(query, key, value, mask, scaling):
+    """query [B, Hq, T, D]; key / value [B, Hkv, L, D]; mask None (causal, T == L) or bool
+    [B or 1, 1, T, L] (True attends). Returns [B, T, Hq, D]."""
+    out = _native_prefill_attention(query, key, value, mask, scaling)
+    if out is not None:
+        return out
+    gqa = query.shape[1] != key.shape[1]
+    y = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
+                                                         scale=scaling, enable_gqa=gqa)
+    return y.transpose(1, 2).contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_kernel():
+    """The C++ prefill kernel, or None without AVX512-BF16."""
+    from ..kernels import isa as isa_mod
+    from ..kernels import native
+
+    if isa_mod.select() == "portable":
+        return None
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    return native.c_function(
+        "head/prefill_attention.cpp.j2", "awq_prefill_attention",
+        [vp, i64, i64, i64, i64, i64, i64, i64, vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, vp, i64, i64, i64,
+         ctypes.c_float, vp, i64, i64, i64, ctypes.c_int], ctypes.c_int, flags=native.AVX512_BF16_FLAGS, isa="avx512")
+
+
+def _native_prefill_attention(query, key, value, mask, scaling):
+    """The C++ kernel's [B, T, Hq, D] bf16, or None where it does not apply (not bf16, D not 64 / 128 /
+    256, a mask that is not bool [B or 1, 1, T, L], no mask and T != L, a row that attends no key,
+    no AVX512-BF16)."""
+    B, Hq, T, D = query.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    if (query.dtype != torch.bfloat16 or key.dtype != torch.bfloat16 or value.dtype != torch.bfloat16
+            or D not in (64, 128, 256) or Hq % Hkv or Hq // Hkv > 64 or T == 0 or L == 0
+            or query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1 or value.shape[2] != L):
+        return None
+    if mask is None:
+        if T != L:
+            return None
+        m, ms = None, (0, 0, 0)
+    else:
+        if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or mask.shape[0] not in (1, B) \
+                or mask.shape[2] != T or mask.shape[3] != L:
+            return None
+        m = mask[:, 0].expand(B, T, L)
+        ms = m.stride()
+    fn = _prefill_kernel()
+    if fn is None:
+        return None
+    out = torch.empty(B, T, Hq, D, dtype=torch.bfloat16)
+    rc = fn(query.data_ptr(), B, Hq, T, D, query.stride(0), query.stride(1), query.stride(2),
+            key.data_ptr(), Hkv, L, key.stride(0), key.stride(1), key.stride(2),
+            value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
+            None if m is None else m.data_ptr(), *ms, float(scaling),
+            out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), int(config.num_threads or torch.get_num_threads()))
+    return out if rc == 0 else None
 
 
 @functools.lru_cache(maxsize=None)
