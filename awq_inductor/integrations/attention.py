@@ -1,4 +1,6 @@
-"""Decode attention in fp32 for bf16 / fp16 models (transformers' attention interface ``awq_sdpa``).
+"""Attention for bf16 / fp16 models (transformers' attention interface ``awq_sdpa``): decode rows in
+fp32 or our C++ kernel, bf16 prefill rows on our C++ prefill kernel (``awq::prefill_attention``,
+below), the rest transformers' own ``sdpa``.
 
 PyTorch's CPU flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``, what
 transformers' ``sdpa`` runs) is slow for one bf16 query row. On 2 Zen 4 cores, torch 2.13, 32
@@ -30,6 +32,11 @@ import torch
 from torch import nn
 
 from .. import config
+
+# Prefill (``awq::prefill_attention``, ``csrc_templates/head/prefill_attention.cpp.j2``): PyTorch's
+# flash kernel ran 512 causal bf16 rows, 32 / 4 heads of 128, in 36.3 ms on 2 Zen 4 cores; the C++
+# kernel in 13.4 ms (205 vs 318 ms at 2048 rows), interleaved. It takes what transformers' sdpa
+# path would run causal without a mask, or with a bool mask the same for every head.
 
 NAME = "awq_sdpa"
 _HALF = (torch.bfloat16, torch.float16)
