@@ -34,8 +34,8 @@ from torch import nn
 from .. import config
 
 # Prefill (``awq::prefill_attention``, ``csrc_templates/head/prefill_attention.cpp.j2``): PyTorch's
-# flash kernel ran 512 causal bf16 rows, 32 / 4 heads of 128, in 36.3 ms on 2 Zen 4 cores; the C++
-# kernel in 13.4 ms (205 vs 318 ms at 2048 rows), interleaved. It takes what transformers' sdpa
+# flash kernel ran 512 causal bf16 rows, 32 / 4 heads of 128, in 31.9 ms on 2 Zen 4 cores; the C++
+# kernel in 7.3 ms (105 vs 325 ms at 2048 rows), interleaved. It takes what transformers' sdpa
 # path would run causal without a mask, or with a bool mask the same for every head.
 
 NAME = "awq_sdpa"
