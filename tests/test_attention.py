@@ -226,3 +226,23 @@ def test_prefill_rows_run_our_op_in_a_model_eager_and_compiled():
     text = "\n".join(code)
     assert "awq.prefill_attention" in text and "flash" not in text
     torch.testing.assert_close(got_c.logits.float(), got, atol=0.03 * float(want.abs().max()), rtol=0)
+
+
+def test_prefill_dispatch_mirrors_transformers_sdpa():
+    """awq_sdpa's prefill follows transformers' sdpa path: causal without a mask crops a longer
+    cache to the first T keys; an explicit is_causal=False runs transformers' sdpa on the whole
+    cache (bitwise)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cfg = testing.tiny_config("llama", num_attention_heads=2, num_key_value_heads=1)
+    mod = testing.build_float_model(cfg, dtype=torch.bfloat16).model.layers[0].self_attn
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 5, 64, generator=g).bfloat16()
+    k, v = (torch.randn(1, 1, 9, 64, generator=g).bfloat16() for _ in range(2))
+    with torch.no_grad():
+        got, _ = attention.awq_sdpa_attention_forward(mod, q, k, v, None, scaling=0.125)
+        want, _ = sdpa_attention_forward(mod, q, k, v, None, scaling=0.125)
+        torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+        got, _ = attention.awq_sdpa_attention_forward(mod, q, k, v, None, scaling=0.125, is_causal=False)
+        want, _ = sdpa_attention_forward(mod, q, k, v, None, scaling=0.125, is_causal=False)
+    assert torch.equal(got, want)

@@ -83,7 +83,7 @@ def route_bf16_linears(gm: torch.fx.GraphModule) -> int:
         if len(args) != 3 or set(node.kwargs) - {"bias"}:
             continue
         x, w, b = (a.meta.get("example_value") if isinstance(a, torch.fx.Node) else a for a in args)
-        if not (isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor)) or (b is not None and not isinstance(b, torch.Tensor)):
+        if not all(isinstance(t, torch.Tensor) for t in (x, w) + (() if b is None else (b,))):
             continue
         if x.dtype != torch.bfloat16 or w.dtype != torch.bfloat16 or x.dim() != 2 or w.dim() != 2:
             continue

@@ -75,7 +75,8 @@ def _prefill(module, query, key, value, attention_mask, scaling, kwargs):
         # transformers: is_causal without a mask, keys cropped to the first T (sdpa's top-left
         # alignment when the cache holds more); a non-causal module without a mask is not ours
         ok = bool(causal) and L >= T
-        key, value = key[:, :, :T], value[:, :, :T]
+        if ok:
+            key, value = key[:, :, :T], value[:, :, :T]
     if not ok:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     return torch.ops.awq.prefill_attention(query, key, value, mask, scaling), None
@@ -196,7 +197,8 @@ def _native_prefill_attention(query, key, value, mask, scaling):
             key.data_ptr(), Hkv, L, key.stride(0), key.stride(1), key.stride(2),
             value.data_ptr(), value.stride(0), value.stride(1), value.stride(2),
             None if m is None else m.data_ptr(), *ms, float(scaling),
-            out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), int(config.num_threads or torch.get_num_threads()))
+            out.data_ptr(), out.stride(0), out.stride(1), out.stride(2),
+            int(config.num_threads or torch.get_num_threads()))
     return out if rc == 0 else None
 
 
