@@ -155,18 +155,27 @@ def _prefill_attention_cpu(query, key, value, mask, scaling):
 
 
 @functools.lru_cache(maxsize=None)
-def _prefill_kernel():
-    """The C++ prefill kernel, or None without AVX512-BF16."""
+def _native_kernel(template: str, symbol: str, argtypes: tuple):
+    """One of our C++ attention kernels (``csrc_templates/head/<template>``, returning an int code),
+    or None without AVX512-BF16."""
     from ..kernels import isa as isa_mod
     from ..kernels import native
 
     if isa_mod.select() == "portable":
         return None
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.c_function(
-        "head/prefill_attention.cpp.j2", "awq_prefill_attention",
-        [vp, i64, i64, i64, i64, i64, i64, i64, vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, vp, i64, i64, i64,
-         ctypes.c_float, vp, i64, i64, i64, ctypes.c_int], ctypes.c_int, flags=native.AVX512_BF16_FLAGS, isa="avx512")
+    return native.c_function(template, symbol, list(argtypes), ctypes.c_int, flags=native.AVX512_BF16_FLAGS,
+                             isa="avx512")
+
+
+_VP, _I64 = ctypes.c_void_p, ctypes.c_int64
+_PREFILL_ARGS = (_VP, *[_I64] * 7, _VP, *[_I64] * 5, _VP, *[_I64] * 3, _VP, *[_I64] * 3, ctypes.c_float, _VP,
+                 *[_I64] * 3, ctypes.c_int)
+_DECODE_ARGS = (_VP, *[_I64] * 5, _VP, *[_I64] * 5, _VP, *[_I64] * 3, _VP, _I64, ctypes.c_float, _VP, _I64, _I64,
+                ctypes.c_int)
+
+
+def _prefill_kernel():
+    return _native_kernel("head/prefill_attention.cpp.j2", "awq_prefill_attention", _PREFILL_ARGS)
 
 
 def _native_prefill_attention(query, key, value, mask, scaling):
@@ -202,19 +211,9 @@ def _native_prefill_attention(query, key, value, mask, scaling):
     return out if rc == 0 else None
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel():
-    """The C++ kernel (``csrc_templates/head/decode_attention.cpp.j2``), or None without AVX512-BF16."""
-    from ..kernels import isa as isa_mod
-    from ..kernels import native
-
-    if isa_mod.select() == "portable":
-        return None
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.c_function(
-        "head/decode_attention.cpp.j2", "awq_decode_attention",
-        [vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, i64, i64, vp, i64, i64, i64, vp, i64,
-         ctypes.c_float, vp, i64, i64, ctypes.c_int], ctypes.c_int, flags=native.AVX512_BF16_FLAGS, isa="avx512")
+    """The C++ decode kernel (``csrc_templates/head/decode_attention.cpp.j2``), or None without AVX512-BF16."""
+    return _native_kernel("head/decode_attention.cpp.j2", "awq_decode_attention", _DECODE_ARGS)
 
 
 def _mask_rows(mask, B: int, L: int):
