@@ -6,15 +6,15 @@ Public API (see README.md, "Public API" and "Where things live"):
     patch_transformers()          transformers 5.x loading (awq_inductor.integrations.transformers)
     awq_inductor_backend          torch.compile backend, also ``backend="awq_inductor"`` (awq_inductor.inductor)
     config                        package settings
-    awq_inductor.transform.tp     tensor parallelism over torch.distributed (tp.shard(model, group))
+    awq_inductor.tp               tensor parallelism over torch.distributed (tp.shard(model, group))
     torch.ops.awq.int4_mm*        the custom ops (awq_inductor.ops, from the table in awq_inductor.schemes)
 """
 from __future__ import annotations
 
-from . import bf16_head, config, int8_head, moe, ops  # noqa: F401  (they define torch.ops.awq.*)
+from . import config, inductor, ops  # noqa: F401  (ops: defines torch.ops.awq.*; inductor: the lowering, registered at first trace)
+from ._version import __version__
 from .nn import AWQGateUpSiluMul, AWQLinear
 
-__version__ = "0.1.0"
 
 __all__ = ["AWQLinear", "AWQGateUpSiluMul", "convert", "patch_transformers", "awq_inductor_backend", "config", "__version__"]
 

@@ -23,7 +23,7 @@ amx_min_m: int = 5
 #: Baked into the generated code. Measured with benchmarks/bench_linear.py.
 panel_min_m: int = 8
 
-#: Per-machine kernel choice (awq_inductor/kernels/tuner.py): ``"auto"`` times the candidate kernel
+#: Per-machine kernel choice (awq_inductor/kernels/tuner.py, tuning_cache.py): ``"auto"`` times the candidate kernel
 #: paths of a shape the first time it is built or compiled without a cached plan (one log line,
 #: seconds; ``python -m awq_inductor tune`` fills the cache ahead of time) and uses the measured
 #: thresholds; ``"cached"`` uses a cached plan where there is one and the constants above
@@ -33,7 +33,7 @@ tune: str = os.environ.get("AWQ_INDUCTOR_TUNE") or "auto"
 
 #: Force the kernel plan of every shape (tests, experiments): a dict of some of ``amx_min_m``,
 #: ``panel_min_m``, ``bf16_f32_min_m``, ``dense_min_m`` (rows from which each path is taken, see
-#: ``tuner.Plan``), the rest from the constants; e.g. ``{"dense_min_m": 0}`` runs every call as
+#: ``kernels.plan.Plan``), the rest from the constants; e.g. ``{"dense_min_m": 0}`` runs every call as
 #: dequantize + dense GEMM. ``None``: the tuned plan (``tune``).
 kernel_plan: Optional[dict] = None
 
@@ -47,6 +47,13 @@ amx_emulation: bool = False
 num_threads: Optional[int] = None
 
 ISAS = ("amx", "avx512", "portable")
+
+
+def threads() -> int:
+    """The threads our kernels use: ``num_threads``, else ``torch.get_num_threads()`` (read now)."""
+    import torch
+
+    return int(num_threads or torch.get_num_threads())
 TUNE_MODES = ("auto", "cached", "off")
 if tune not in TUNE_MODES:
     raise ValueError(f"AWQ_INDUCTOR_TUNE: expected one of {TUNE_MODES}, got {tune!r}")
@@ -58,7 +65,7 @@ def patch(**changes) -> Iterator[None]:
     g = globals()
     old = {}
     for name, value in changes.items():
-        if name not in g or name.startswith("_") or name in ("patch", "ISAS", "TUNE_MODES"):
+        if name not in g or name.startswith("_") or name in ("patch", "threads", "ISAS", "TUNE_MODES"):
             raise ValueError(f"unknown awq_inductor.config setting {name!r}")
         if name == "tune" and value not in TUNE_MODES:
             raise ValueError(f"tune: expected one of {TUNE_MODES}, got {value!r}")

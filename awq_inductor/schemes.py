@@ -45,6 +45,7 @@ class Scheme:
     name: str                       # "w4a16" | "w4a8"
     act_quant: Optional[str]        # the user-facing choice: None | "int8"
     op_prefix: str                  # "int4_mm" | "int4_mm_a8"
+    moe_name: str                   # the experts op: "int4_moe" | "int4_moe_a8"
     weights: Tuple[Tensor, ...]     # packed tensors, in op-argument order (after x, before bias)
     k_per_row: int                  # K values per qweight row (qweight is [Np, K / k_per_row, row_bytes])
     row_bytes: int
@@ -58,14 +59,14 @@ class Scheme:
 
 
 W4A16 = Scheme(
-    name="w4a16", act_quant=None, op_prefix="int4_mm", weights=(QWEIGHT, SCALES, ZEROS),
+    name="w4a16", act_quant=None, op_prefix="int4_mm", moe_name="int4_moe", weights=(QWEIGHT, SCALES, ZEROS),
     k_per_row=2, row_bytes=packing.BLOCK_N, group_multiple=2,
     pack=packing.pack_for_kernel, unpack=packing.unpack_from_kernel,
     header="schemes/w4a16.h.j2", driver="int4_mm_driver",
     micro={"portable": ("micro/portable.h.j2",), "avx512": ("micro/avx512.h.j2",),
            "amx": ("micro/avx512.h.j2", "micro/amx_bf16.h.j2")})
 W4A8 = Scheme(
-    name="w4a8", act_quant="int8", op_prefix="int4_mm_a8", weights=(QWEIGHT, SCALES, ZEROS, COMP),
+    name="w4a8", act_quant="int8", op_prefix="int4_mm_a8", moe_name="int4_moe_a8", weights=(QWEIGHT, SCALES, ZEROS, COMP),
     k_per_row=4, row_bytes=2 * packing.BLOCK_N, group_multiple=packing.A8_KSTEP,
     pack=packing.pack_for_int8_kernel, unpack=packing.unpack_from_int8_kernel,
     header="schemes/w4a8.h.j2", driver="int4_mm_a8_driver", note=" (W4A8, per-token int8 x)",
@@ -177,7 +178,7 @@ class MoeOp:
 
     @property
     def name(self) -> str:
-        return self.scheme.op_prefix.replace("int4_mm", "int4_moe")
+        return self.scheme.moe_name
 
     @property
     def c_entry(self) -> str:
@@ -210,4 +211,4 @@ MOE_OPS: Dict[str, MoeOp] = {m.name: m for m in (MoeOp(W4A16), MoeOp(W4A8))}
 
 
 def moe_op_for(act_quant: Optional[str]) -> MoeOp:
-    return MOE_OPS[scheme_for(act_quant).op_prefix.replace("int4_mm", "int4_moe")]
+    return MOE_OPS[scheme_for(act_quant).moe_name]

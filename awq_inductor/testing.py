@@ -18,11 +18,11 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 from torch import nn
 
-from . import formats, packing
+from . import families, formats, packing
 from .progress import track
 
 ARCHS = ("llama", "qwen2", "mistral", "phi3")
-#: sparse-MoE architectures (transformers 5 experts modules, see awq_inductor.nn.moe.EXPERT_NAMES)
+#: sparse-MoE architectures (transformers 5 experts modules, see awq_inductor.families)
 MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
@@ -84,19 +84,20 @@ def _tiny_moe_config(arch: str, common: dict, overrides: dict):
 
 def moe_experts(model: nn.Module, skip: Iterable[str] = ()):
     """(name, module, (gate, up, down) checkpoint names) of every transformers experts module with
-    3-D ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] (awq_inductor.nn.moe.EXPERT_NAMES)."""
-    from .nn.moe import EXPERT_NAMES
-
-    return [(n, m, EXPERT_NAMES[type(m).__name__]) for n, m in model.named_modules()
-            if type(m).__name__ in EXPERT_NAMES and _should_quantize(n, skip)]
+    3-D ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] (:func:`awq_inductor.families.experts_family`)."""
+    out = []
+    for n, m in model.named_modules():
+        fam = families.experts_family(type(m).__name__)
+        if fam is not None and _should_quantize(n, skip):
+            out.append((n, m, fam.expert_names))
+    return out
 
 
 def _pack_linear(q, z, s, G: int, quant_method: str, format: str) -> Dict[str, torch.Tensor]:
-    if quant_method == "gptq":
-        qw, qz, sc = formats.pack_gptq(q, z, s, G, format=format)
-        return {"qweight": qw, "qzeros": qz, "scales": sc, "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // G}
-    qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
-    return {"qweight": qw, "qzeros": qz, "scales": sc}
+    fmt = formats.get(format)
+    if fmt.quant_method != quant_method:
+        raise ValueError(f"format: expected a {quant_method} format, got {format!r} ({fmt.quant_method})")
+    return fmt.pack(q, z, s, G)
 
 
 def _quantize_experts(name, mod, names, ref, sd, quant_method, format, group_size, scales_dtype,
@@ -151,13 +152,10 @@ def _should_quantize(name: str, skip: Iterable[str]) -> bool:
 
 def quantization_config(quant_method: str, format: str, group_size: int,
                         modules_to_not_convert: Optional[list] = None) -> Dict:
-    if quant_method == "awq":
-        return {"quant_method": "awq", "zero_point": True, "group_size": group_size, "bits": 4,
-                "version": format, "modules_to_not_convert": modules_to_not_convert}
-    if quant_method == "gptq":
-        return {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": False,
-                "damp_percent": 0.01, "checkpoint_format": format, "true_sequential": True}
-    raise ValueError(f"quant_method: expected 'awq' or 'gptq', got {quant_method!r}")
+    fmt = formats.get(format)
+    if fmt.quant_method != quant_method:
+        raise ValueError(f"quant_method: expected {fmt.quant_method!r} for format {format!r}, got {quant_method!r}")
+    return fmt.quantization_config(group_size, modules_to_not_convert)
 
 
 def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", format: str = "gemm",
@@ -180,12 +178,8 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
     for name, m in track(linears, "quantizing", progress):
         q, z, s = quantize_weight(m.weight, group_size, scales_dtype)
         G = formats.resolve_group_size(group_size, m.in_features)
-        if quant_method == "gptq":
-            qw, qz, sc = formats.pack_gptq(q, z, s, G, format=format)
-            sd[f"{name}.g_idx"] = torch.arange(m.in_features, dtype=torch.int32) // G
-        else:
-            qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=format)
-        sd[f"{name}.qweight"], sd[f"{name}.qzeros"], sd[f"{name}.scales"] = qw, qz, sc
+        for t, v in _pack_linear(q, z, s, G, quant_method, format).items():
+            sd[f"{name}.{t}"] = v
         if m.bias is not None:
             sd[f"{name}.bias"] = m.bias.detach().to(scales_dtype).clone()
         with torch.no_grad():

@@ -24,7 +24,7 @@ import torch
 import transformers
 
 from awq_inductor import convert, patch_transformers
-from awq_inductor.__main__ import bench
+from awq_inductor.cli import bench
 from awq_inductor.baselines import to_int4pack
 from awq_inductor.nn.head import Bf16HeadLinear
 from awq_inductor.testing import build_float_model, save_quantized

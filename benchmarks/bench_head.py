@@ -26,7 +26,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from awq_inductor import bf16_head, int8_head, tiny_model
+from awq_inductor import tiny_model
+from awq_inductor.ops import head_bf16 as bf16_head, head_int8 as int8_head
 from awq_inductor.nn.head import Int8HeadLinear
 from bench_decode import probe_calls, read_bandwidth  # noqa: E402  (benchmarks/ is sys.path[0])
 

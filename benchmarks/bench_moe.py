@@ -27,8 +27,9 @@ import unittest.mock
 
 import torch
 
-from awq_inductor import config, moe, testing
-from awq_inductor.kernels import tuner
+from awq_inductor import config, testing
+from awq_inductor.ops import moe
+from awq_inductor.kernels import plan as kplan
 from awq_inductor.schemes import MOE_OPS
 
 
@@ -116,7 +117,7 @@ def _experts_plans(pl: str):
     if pl == "tuned":
         yield
         return
-    const = tuner.forced_plan(PLANS[pl])
+    const = kplan.forced_plan(PLANS[pl])
     with unittest.mock.patch.object(moe, "expert_plans", lambda *args: (const, const)):
         yield
 
@@ -125,7 +126,7 @@ def bench_e2e(a):
     import transformers
 
     from awq_inductor import patch_transformers
-    from awq_inductor.__main__ import bench
+    from awq_inductor.cli import bench
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

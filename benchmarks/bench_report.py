@@ -5,7 +5,7 @@ Inductor's own WOQ template, with the kernel path the per-machine plan picks.
     python benchmarks/bench_report.py --shapes smoke --m 1,8 --reps 3   # seconds (CI smoke)
     python benchmarks/bench_report.py --kn 4096x4096 --m 16,128 --no-tuner-cost   # chosen shapes
 
-For each (K, N, M): the ISA, the kernel path of our compiled op (``tuner.path_for`` of the shape's
+For each (K, N, M): the ISA, the kernel path of our compiled op (``kplan.path_for`` of the shape's
 plan: tuned on first use, or from the cache), its GB/s (int4 weight + scales/zeros + x + y bytes
 per call) and TFLOP/s, the ratios to dense bf16 (F.linear of the dequantized weight), aten int4pack
 and the Inductor WOQ template (and which kernel that baseline ran), and the issue's guarantee:
@@ -32,7 +32,7 @@ import bench_linear  # noqa: E402  (make_layer, bench, woq_for_m: the same harne
 import awq_inductor  # noqa: E402
 from awq_inductor import AWQLinear  # noqa: E402
 from awq_inductor.baselines import Int4PackLinear  # noqa: E402
-from awq_inductor.kernels import isa as isa_mod, native, tuner  # noqa: E402
+from awq_inductor.kernels import isa as isa_mod, native, plan as kplan, tuning_cache  # noqa: E402
 from awq_inductor.schemes import OPS  # noqa: E402
 
 GUARANTEE = 1.05
@@ -57,29 +57,29 @@ def tuner_costs(shapes, dtype):
         native.get_kernel("int4_mm_silu_mul", dtype)
         os.environ["AWQ_INDUCTOR_CACHE_DIR"] = d
         try:
-            ss = [tuner.Shape(OPS["int4_mm"], K, N, G) for K, N, G in shapes]
-            tuner.forget()
+            ss = [tuning_cache.Shape(OPS["int4_mm"], K, N, G) for K, N, G in shapes]
+            tuning_cache.forget()
             t0 = time.perf_counter()
-            plans = tuner.tune_shapes(ss, dtype, show=False)
+            plans = tuning_cache.tune_shapes(ss, dtype, show=False)
             cold = time.perf_counter() - t0
             noisy = sum(p.source == "noisy" for _, p in plans)
-            tuner.forget()
+            tuning_cache.forget()
             isa = isa_mod.select()
             with awq_inductor.config.patch(tune="cached"):  # a lookup, never a measurement
                 t0 = time.perf_counter()
                 for s in ss:
-                    tuner.plan_for(s.op, isa, dtype, s.K, s.out_features, s.G)
+                    tuning_cache.plan_for(s.op, isa, dtype, s.K, s.out_features, s.G)
                 disk = time.perf_counter() - t0
                 t0 = time.perf_counter()
                 for s in ss:
-                    tuner.plan_for(s.op, isa, dtype, s.K, s.out_features, s.G)
+                    tuning_cache.plan_for(s.op, isa, dtype, s.K, s.out_features, s.G)
                 memo = time.perf_counter() - t0
         finally:
             if old is None:
                 os.environ.pop("AWQ_INDUCTOR_CACHE_DIR", None)
             else:
                 os.environ["AWQ_INDUCTOR_CACHE_DIR"] = old
-            tuner.forget()
+            tuning_cache.forget()
     return cold, disk, memo, noisy
 
 
@@ -118,7 +118,7 @@ def run_shape(K, N, G, ms, dtype, reps, cold, flush):
     # the re-warm layers: K x 256, their weights stay in cache; ours has its own compiled graph
     rewarm = methods(K, 256, G, dtype)[0] if cold else None
     op, isa = OPS["int4_mm"], isa_mod.select()
-    plan = tuner.plan_for(op, isa, dtype, K, N, G)
+    plan = tuning_cache.plan_for(op, isa, dtype, K, N, G)
     woq_mod = Int4PackLinear(q, z, s, None, G, dtype)
     copies = None
     if cold and any(m <= DECODE_M for m in ms):
@@ -131,7 +131,7 @@ def run_shape(K, N, G, ms, dtype, reps, cold, flush):
         x = torch.randn(M, K).to(dtype)
         mfns = dict(fns)
         mfns["inductor_woq"], woq_kernel = bench_linear.woq_for_m(woq_mod, x)
-        row = {"K": K, "N": N, "M": M, "isa": isa, "kernel": tuner.path_for(plan, op, isa, dtype, M),
+        row = {"K": K, "N": N, "M": M, "isa": isa, "kernel": kplan.path_for(plan, op, isa, dtype, M),
                "plan": plan.source, "inductor_woq_kernel": woq_kernel,
                "harness": "copies" if copies is not None and M <= DECODE_M else ("flush" if cold else "hot")}
         if row["harness"] == "copies":
@@ -206,7 +206,7 @@ def main(argv=None):
     dtype, G = torch.bfloat16, a.group_size
     shapes = bench_linear.SHAPES[a.shapes]
     if a.kn:
-        shapes = [(s.K, s.out_features) for s in tuner.parse_shapes(a.kn, G)]
+        shapes = [(s.K, s.out_features) for s in tuning_cache.parse_shapes(a.kn, G)]
     ms = [int(m) for m in a.m.split(",")]
     header = [f"isa={isa_mod.select()} threads={a.threads} dtype=bfloat16 G={G} cache={a.mode} "
               f"torch={torch.__version__} awq_inductor={awq_inductor.__version__} "

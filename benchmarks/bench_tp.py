@@ -107,7 +107,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_tp.json"))
     a = p.parse_args(argv)
 
-    from awq_inductor.transform import tp
+    from awq_inductor import tp
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()

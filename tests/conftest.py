@@ -39,13 +39,13 @@ def inductor_clean():
 @pytest.fixture
 def tune_dir(tmp_path, monkeypatch):
     """A private cache directory, tuning on, no plans remembered from other tests."""
-    from awq_inductor.kernels import tuner
+    from awq_inductor.kernels import tuning_cache
 
     monkeypatch.setenv("AWQ_INDUCTOR_CACHE_DIR", str(tmp_path))
-    tuner.forget()
+    tuning_cache.forget()
     with awq_inductor.config.patch(tune="auto"):
         yield tmp_path
-    tuner.forget()
+    tuning_cache.forget()
 
 
 def pytest_addoption(parser):

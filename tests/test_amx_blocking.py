@@ -18,6 +18,7 @@ import torch
 
 from helpers import op_args
 from awq_inductor import config, ops
+from awq_inductor.ops import oracles
 from awq_inductor.kernels import isa as isa_mod
 from awq_inductor.kernels import native
 
@@ -70,7 +71,7 @@ def _run(name, M, G, seed=0):
         native.amx_emulator_counters(name, torch.bfloat16)  # reset
         y = k(x, *args)
         c = native.amx_emulator_counters(name, torch.bfloat16)
-    ref = ops.reference(name, x.float(), *args)
+    ref = oracles.int4_mm(name, x.float(), *args)
     scale = ref.abs().max().item()
     assert (y.float() - ref).abs().max().item() <= 2e-2 * scale
     return c

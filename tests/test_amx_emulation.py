@@ -10,6 +10,7 @@ from torch._inductor.utils import run_and_get_code
 
 from helpers import op_args
 from awq_inductor import config as awq_config
+from awq_inductor.ops import oracles
 from awq_inductor import ops
 
 pytestmark = pytest.mark.skipif(
@@ -41,7 +42,7 @@ def test_inductor_amx_emulated_static(M, K, N, G):
     code = "\n".join(codes)
     assert "isa=amx" in code and "amx_emu::dpbf16ps" in code and "_tile_dpbf16ps" not in code
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
-    _check(out, ops.reference("int4_mm", x.float(), *args))
+    _check(out, oracles.int4_mm("int4_mm", x.float(), *args))
 
 
 def test_inductor_amx_emulated_dynamic_m_with_epilogue():
@@ -53,5 +54,5 @@ def test_inductor_amx_emulated_dynamic_m_with_epilogue():
             r = torch.randn(M, 72).to(torch.bfloat16)
             torch._dynamo.mark_dynamic(x, 0)
             torch._dynamo.mark_dynamic(r, 0)
-            _check(f(x, r), ops.reference("int4_mm", x.float(), *args) + r.float())
+            _check(f(x, r), oracles.int4_mm("int4_mm", x.float(), *args) + r.float())
     assert counters["stats"]["unique_graphs"] == 1

@@ -9,6 +9,7 @@ transformers = pytest.importorskip("transformers")
 
 from awq_inductor import baselines, convert, testing  # noqa: E402
 from awq_inductor.integrations import attention  # noqa: E402
+from awq_inductor.ops import attention as attn_ops  # noqa: E402
 
 
 def _model(dtype=torch.bfloat16):
@@ -30,7 +31,7 @@ def test_decode_rows_run_in_fp32_unsupported_prefill_stays_sdpa():
         want, _ = sdpa_attention_forward(mod, q1.float(), k.float(), v.float(), mask, scaling=32 ** -0.5)
         assert got.dtype == torch.bfloat16 and got.shape == want.shape == (2, 1, 4, 32)
         torch.testing.assert_close(got.float(), want, atol=1e-2, rtol=1e-2)  # one bf16 rounding
-        torch.testing.assert_close(attention.decode_attention(q1, k, v, mask, 32 ** -0.5).float(),
+        torch.testing.assert_close(attn_ops.decode_attention(q1, k, v, mask, 32 ** -0.5).float(),
                                    want.bfloat16().float(), atol=1e-2, rtol=0)
     # head dim 32: no prefill kernel, sdpa as transformers calls it
     got, _ = attention.awq_sdpa_attention_forward(mod, qn, k, v, None, scaling=32 ** -0.5)
@@ -102,9 +103,9 @@ def test_native_decode_attention_matches_the_fp32_math(B, Hq, Hkv, D, L, mask_ki
         mask[..., 0] = True
     elif mask_kind == "additive":
         mask = torch.randn(B, 1, 1, L, generator=g)
-    got = attention._native_decode_attention(q, k, v, mask, D ** -0.5)
+    got = attn_ops._native_decode_attention(q, k, v, mask, D ** -0.5)
     assert got is not None and got.shape == (B, 1, Hq, D) and got.dtype == torch.bfloat16
-    want = attention.decode_attention(q.float(), k.float(), v.float(), mask, D ** -0.5)  # fp32 throughout
+    want = attn_ops.decode_attention(q.float(), k.float(), v.float(), mask, D ** -0.5)  # fp32 throughout
     assert ((got.float() - want).abs() <= want.abs() * 2.0 ** -8 + 1e-6).all()
     torch.testing.assert_close(torch.ops.awq.decode_attention(q, k, v, mask, D ** -0.5), got, atol=0, rtol=0)
 
@@ -116,17 +117,17 @@ def test_native_decode_attention_nan_and_fallbacks():
     q = torch.randn(1, 4, 1, 32, generator=g).bfloat16()
     k, v = (torch.randn(1, 2, 5, 32, generator=g).bfloat16() for _ in range(2))
     k[0, 0, 2, 3] = float("nan")  # KV head 0 serves query heads 0 and 1
-    got = attention._native_decode_attention(q, k, v, None, 0.1)
+    got = attn_ops._native_decode_attention(q, k, v, None, 0.1)
     assert torch.isnan(got[0, 0, :2]).all() and torch.isfinite(got[0, 0, 2:]).all()
     k[0, 0, 2, 3] = 0.0
     per_head = torch.ones(1, 4, 1, 5, dtype=torch.bool)
-    assert attention._native_decode_attention(q, k, v, per_head, 0.1) is None  # aten math instead
-    assert attention._native_decode_attention(q.half(), k.half(), v.half(), None, 0.1) is None
+    assert attn_ops._native_decode_attention(q, k, v, per_head, 0.1) is None  # aten math instead
+    assert attn_ops._native_decode_attention(q.half(), k.half(), v.half(), None, 0.1) is None
     q48, k48 = torch.randn(1, 4, 1, 48).bfloat16(), torch.randn(1, 2, 5, 48).bfloat16()
-    assert attention._native_decode_attention(q48, k48, torch.randn(1, 2, 5, 48).bfloat16(), None, 0.1) is None
+    assert attn_ops._native_decode_attention(q48, k48, torch.randn(1, 2, 5, 48).bfloat16(), None, 0.1) is None
     # the op still answers where the kernel does not apply
     torch.testing.assert_close(torch.ops.awq.decode_attention(q, k, v, per_head, 0.1),
-                               attention.decode_attention(q, k, v, per_head, 0.1), atol=0, rtol=0)
+                               attn_ops.decode_attention(q, k, v, per_head, 0.1), atol=0, rtol=0)
 
 
 _needs_avx512 = pytest.mark.skipif(__import__("awq_inductor.kernels.isa", fromlist=["x"]).select() == "portable",
@@ -168,7 +169,7 @@ def test_native_prefill_attention_matches_the_fp32_math(B, Hq, Hkv, T, D, mask_k
         pad = min(3, T - 1)
         mask[-1, :, :, :pad] = False
         mask[-1, :, :pad, 0] = True  # padding rows attend the first key (no row attends nothing)
-    got = attention._native_prefill_attention(q, k, v, mask, D ** -0.5)
+    got = attn_ops._native_prefill_attention(q, k, v, mask, D ** -0.5)
     assert got is not None and got.shape == (B, T, Hq, D) and got.dtype == torch.bfloat16
     want = _attn_reference(q, k, v, mask, D ** -0.5)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=D ** -0.5,
@@ -187,17 +188,17 @@ def test_native_prefill_attention_fallbacks_and_nan():
     q, k, v = _prefill_inputs(1, 8, 2, 24, 128, seed=5)
     mask = torch.ones(1, 1, 24, 24, dtype=torch.bool).tril()
     mask[0, 0, 3] = False  # row 3 attends no key
-    assert attention._native_prefill_attention(q, k, v, mask, 0.1) is None
+    assert attn_ops._native_prefill_attention(q, k, v, mask, 0.1) is None
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.1, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(torch.ops.awq.prefill_attention(q, k, v, mask, 0.1), want, atol=0, rtol=0,
                                equal_nan=True)
     q96, k96, v96 = _prefill_inputs(1, 4, 2, 9, 96, seed=6)
-    assert attention._native_prefill_attention(q96, k96, v96, None, 0.1) is None
-    assert attention._native_prefill_attention(q.half(), k.half(), v.half(), None, 0.1) is None
-    assert attention._native_prefill_attention(q[:, :, :20], k, v, None, 0.1) is None  # T != L, no mask
+    assert attn_ops._native_prefill_attention(q96, k96, v96, None, 0.1) is None
+    assert attn_ops._native_prefill_attention(q.half(), k.half(), v.half(), None, 0.1) is None
+    assert attn_ops._native_prefill_attention(q[:, :, :20], k, v, None, 0.1) is None  # T != L, no mask
     k = k.clone()
     k[0, 1, 10, 0] = float("nan")  # KV head 1, key 10: query heads 4..7, rows 10 and later
-    got = attention._native_prefill_attention(q, k, v, None, 0.1)
+    got = attn_ops._native_prefill_attention(q, k, v, None, 0.1)
     nan_rows = got[0].float().isnan().any(-1)  # [T, Hq]
     assert nan_rows[10:, 4:].all() and not nan_rows[:10].any() and not nan_rows[:, :4].any()
 

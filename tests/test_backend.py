@@ -14,6 +14,7 @@ from torch._inductor.utils import run_and_get_code
 
 from helpers import op_args
 from awq_inductor import inductor
+from awq_inductor.ops import oracles
 from awq_inductor.inductor import lowering
 
 _seed = [99]
@@ -27,7 +28,7 @@ def weights(N=64, K=128, G=32):
 def ref(x, w):
     from awq_inductor import ops
 
-    return ops.reference("int4_mm", x, *w)
+    return oracles.int4_mm("int4_mm", x, *w)
 
 
 @pytest.fixture(autouse=True)
@@ -155,7 +156,7 @@ def test_untested_torch_version_warns_and_skips(monkeypatch):
     assert inductor.register() is False  # idempotent, warns once
 
 
-@pytest.mark.skipif(not __import__("awq_inductor").bf16_head.gemv_available(), reason="needs AVX512-BF16")
+@pytest.mark.skipif(not __import__("awq_inductor").ops.head_bf16.gemv_available(), reason="needs AVX512-BF16")
 def test_bf16_linears_are_routed_to_the_gemv():
     """A router-like 2-D bf16 F.linear runs awq::bf16_linear in the compiled code (decode rows on
     our GEMV); 3-D x, fp32, and a non-contiguous weight keep F.linear. Results within one bf16
@@ -200,7 +201,7 @@ def test_bf16_linear_keeps_autograd_with_grad_enabled():
 
 
 def test_bf16_linear_stays_aten_without_the_gemv(monkeypatch):
-    from awq_inductor import bf16_head
+    from awq_inductor.ops import head_bf16 as bf16_head
 
     w = torch.randn(16, 32).bfloat16()
     monkeypatch.setattr(bf16_head, "gemv_available", lambda: False)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from awq_inductor import bf16_head, convert
+from awq_inductor import convert
+from awq_inductor.ops import head_bf16 as bf16_head
 from awq_inductor.nn.head import Bf16HeadLinear, Int8HeadLinear
 
 transformers = pytest.importorskip("transformers")

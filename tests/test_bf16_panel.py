@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from awq_inductor import packing
-from awq_inductor.kernels import native, tuner
+from awq_inductor.kernels import native, plan as kplan
 from awq_inductor.schemes import OPS
 
 from helpers import op_args
@@ -30,8 +30,8 @@ def _dense_weight(canonical, G, op, n):
 
 
 def _panel_plan(op):
-    plan = tuner.candidates(op, "avx512", BF16)["panel"]
-    assert tuner.path_for(plan, op, "avx512", BF16, 9) == "panel"
+    plan = kplan.candidates(op, "avx512", BF16)["panel"]
+    assert kplan.path_for(plan, op, "avx512", BF16, 9) == "panel"
     return plan
 
 

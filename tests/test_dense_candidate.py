@@ -13,7 +13,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from awq_inductor import formats, ops, packing
-from awq_inductor.kernels import native, tuner
+from awq_inductor.ops import oracles
+from awq_inductor.kernels import dense, native, tuner, tuning_cache
 from awq_inductor.schemes import OPS
 
 from helpers import op_args, random_canonical
@@ -108,23 +109,23 @@ def test_dense_call_matches_the_reference(name, dtype, block_bytes):
     n = 128
     args = op_args(name, n, 256, 64, bias=True, seed=3)
     x = torch.randn(37, 256).to(dtype)
-    got = tuner.dense_call(OPS[name], x, *args, block_bytes=block_bytes)
+    got = dense.dense_call(OPS[name], x, *args, block_bytes=block_bytes)
     assert got.dtype == dtype and got.shape == (37, n)
-    want = ops.reference(name, x, *args)
+    want = oracles.int4_mm(name, x, *args)
     # 16-bit: F.linear rounds the GEMM to x's dtype before the bias / SiLU * mul (one more rounding
     # than the fp32 reference), so the bound scales with the output
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2 * want.abs().max().item())
     torch.testing.assert_close(got.float(), want.float(), **tol)
     nobias = (*args[:-3], None, *args[-2:])
-    want = ops.reference(name, x, *nobias)
-    torch.testing.assert_close(tuner.dense_call(OPS[name], x, *nobias, block_bytes=block_bytes).float(),
+    want = oracles.int4_mm(name, x, *nobias)
+    torch.testing.assert_close(dense.dense_call(OPS[name], x, *nobias, block_bytes=block_bytes).float(),
                                want.float(), **tol)
 
 
 def test_dense_block_columns():
-    assert tuner.dense_block_columns(4096, 2) == (tuner.DENSE_BLOCK_BYTES // 8192) // 64 * 64
-    assert tuner.dense_block_columns(11008, 2, 1 << 20) == 64  # at least one gate|up panel pair
-    assert tuner.dense_block_columns(128, 4, 1 << 20) % 64 == 0
+    assert dense.dense_block_columns(4096, 2) == (dense.DENSE_BLOCK_BYTES // 8192) // 64 * 64
+    assert dense.dense_block_columns(11008, 2, 1 << 20) == 64  # at least one gate|up panel pair
+    assert dense.dense_block_columns(128, 4, 1 << 20) % 64 == 0
 
 
 def _dense_from(m0):
@@ -149,14 +150,14 @@ def test_measured_dense_winner_drives_the_eager_op(tune_dir, monkeypatch):
     name, n, K, G = "int4_mm_silu_mul", 64, 256, 64
     args = op_args(name, n, K, G, bias=True, seed=5)
     calls = []
-    real = tuner.dense_call
+    real = dense.dense_call
     monkeypatch.setattr(tuner, "dense_call", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
-    plan = tuner.plan_for(OPS[name], native.get_kernel(name, torch.bfloat16).isa, torch.bfloat16, K, n, G)
+    plan = tuning_cache.plan_for(OPS[name], native.get_kernel(name, torch.bfloat16).isa, torch.bfloat16, K, n, G)
     assert plan.dense_min_m == 64 and plan.source == "tuned"
     for M in (32, 63, 64, 200):
         x = torch.randn(M, K).to(torch.bfloat16)
         got = torch.ops.awq.int4_mm_silu_mul(x, *args)
-        want = ops.reference(name, x, *args).float()
+        want = oracles.int4_mm(name, x, *args).float()
         torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
     assert calls == [64, 200]
 
@@ -180,7 +181,7 @@ def test_measured_dense_winner_makes_the_lowering_call_the_eager_op(tune_dir, mo
             torch._dynamo.mark_dynamic(x, 0)
         f = torch.compile(lambda a: torch.ops.awq.int4_mm(a, *args), fullgraph=True)
         out, codes = run_and_get_code(f, x)
-        want = ops.reference(name, x, *args).float()
+        want = oracles.int4_mm(name, x, *args).float()
         torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
         return "\n".join(codes)
 

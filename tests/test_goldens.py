@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from awq_inductor import packing, schemes
+from awq_inductor.ops import oracles
 from awq_inductor.kernels import codegen
 from awq_inductor import config as awq_config
 from awq_inductor import ops
@@ -34,7 +35,7 @@ class TestGoldens(GoldenTestCase):
         with awq_config.patch(force_isa=isa):
             out, code = compile_code(f, x, run=runs)
             if runs:
-                assert_close_scaled(out, ops.reference("int4_mm", x, *self.w))
+                assert_close_scaled(out, oracles.int4_mm("int4_mm", x, *self.w))
         return self.golden_region(code, "int4_mm", header=codegen.render_header(schemes.W4A16, isa, dtype),
                                   store=r"\.store\(Y \+|Y\[")  # Inductor's store writes the output
 
@@ -183,7 +184,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
         f = torch.compile(lambda a, b: torch.ops.awq.int4_mm_silu_mul(a, *w) + b, fullgraph=True)
         with awq_config.patch(force_isa="avx512"):
             out, code = compile_code(f, x, r)
-        assert_close_scaled(out, ops.reference("int4_mm_silu_mul", x.float(), *w) + r.float())
+        assert_close_scaled(out, oracles.int4_mm("int4_mm_silu_mul", x.float(), *w) + r.float())
         # Inductor's epilogue reads the silu*mul tile
         region = self.golden_region(code, "int4_mm", store=r"awq_silu_mul_buf \+")
         self.assertExpectedInline(region, """\
@@ -231,7 +232,7 @@ class TestMoeGolden(GoldenTestCase):
     with both GEMM shapes' plans rendered in; the scheme and MoE headers inlined verbatim."""
 
     def test_int4_moe_avx512_dynamic(self):
-        from awq_inductor import moe
+        from awq_inductor.ops import moe
 
         E, H, I, G, k, T = 4, 128, 64, 64, 2, 6
         g = torch.Generator().manual_seed(21)

@@ -10,6 +10,7 @@ from torch._inductor.utils import run_and_get_code
 
 from helpers import op_args
 from awq_inductor import config as awq_config
+from awq_inductor.ops import oracles
 from awq_inductor import inductor, ops
 from awq_inductor.inductor import lowering
 
@@ -44,7 +45,7 @@ class W:
         return (self.qw, self.sc, self.zr, self.bias, self.G, self.N)
 
     def ref(self, x):
-        return ops.reference("int4_mm", x, *self.args)
+        return oracles.int4_mm("int4_mm", x, *self.args)
 
     def op(self, x):
         return torch.ops.awq.int4_mm(x, *self.args)

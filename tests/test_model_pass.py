@@ -134,7 +134,7 @@ def test_gptq_foreign_module_and_blocker_reasons():
     holder = nn.Sequential(m)
     convert(holder, fuse=False)
     lin = holder[0]
-    assert isinstance(lin, AWQLinear) and lin.awq_source["format"] == "gptq"
+    assert isinstance(lin, AWQLinear) and lin.awq_source.format == "gptq"
     torch.testing.assert_close(lin.dequantize(), m.ref)
     a = AWQLinear.from_canonical(*testing.quantize_weight(w, 32), group_size=32)
     b = AWQLinear.from_canonical(*testing.quantize_weight(w, 64), group_size=64)

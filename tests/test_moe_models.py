@@ -193,7 +193,7 @@ def test_tensor_parallel_experts_split_sums_to_unsharded(tmp_path, act_quant):
     without the all-reduce) sum to the unsharded experts; the shared expert is a split gated MLP.
     (2 real ranks: tests/test_tp.py, qwen3_moe.)"""
     from awq_inductor import convert
-    from awq_inductor.transform import tp
+    from awq_inductor import tp
 
     path, _ = _make(tmp_path, "qwen2_moe")
     full = convert(_load(path), act_quant=act_quant).model.layers[1].mlp.experts
@@ -226,7 +226,7 @@ def test_tensor_parallel_experts_split_sums_to_unsharded(tmp_path, act_quant):
 
 def test_tensor_parallel_experts_that_do_not_split_raise(tmp_path):
     from awq_inductor import convert
-    from awq_inductor.transform import tp
+    from awq_inductor import tp
 
     path, _ = _make(tmp_path, "mixtral", group_size=64)  # expert intermediate 64: 32 per rank, not a group
     model = convert(_load(path))
@@ -297,7 +297,7 @@ def test_bad_fused_expert_checkpoint_raises_naming_tensor(tmp_path, edit, match)
 
 
 def test_per_rank_loader_refuses_moe_clearly(tmp_path):
-    from awq_inductor.transform import tp
+    from awq_inductor import tp
 
     path, _ = _make(tmp_path, "qwen3_moe")
     with pytest.raises(tp.TPError, match=r"load: qwen3_moe is a mixture-of-experts model; .* call tp\.shard"):

@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from awq_inductor import config, moe
+from awq_inductor import config
+from awq_inductor.ops import moe
+from awq_inductor.ops import oracles
 from awq_inductor.schemes import MOE_OPS
 
 from helpers import random_canonical
@@ -25,7 +27,7 @@ def routing(T, E, k, seed=0, dtype=torch.float32):
 
 def check(name, x, ids, tw, W, G, I):
     y = MOE_OPS[name].torch_op(x, ids, tw, *W, G, I)
-    r = moe.reference(name, x, ids, tw, *W, G, I, quantize_x=MOE_OPS[name].scheme.act_quant is not None)
+    r = oracles.moe(name, x, ids, tw, *W, G, I, quantize_x=MOE_OPS[name].scheme.act_quant is not None)
     assert y.shape == x.shape and y.dtype == x.dtype
     if x.shape[0]:
         tol = 1e-4 if x.dtype == torch.float32 else 2e-2

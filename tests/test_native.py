@@ -7,6 +7,7 @@ import torch
 
 from helpers import op_args
 from awq_inductor import config, ops, packing, schemes
+from awq_inductor.ops import oracles
 from awq_inductor.kernels import codegen, native
 from awq_inductor.kernels import isa as isa_mod
 
@@ -34,7 +35,7 @@ def _make(M, K, N, G, bias, dtype, seed=0):
 def _check(x, qw, sp, zp, b, G, N):
     y = torch.ops.awq.int4_mm(x, qw, sp, zp, b, G, N)
     assert y.shape == (x.shape[0], N) and y.dtype == x.dtype
-    ref = ops.reference("int4_mm", x.float(), qw, sp, zp, b, G, N)
+    ref = oracles.int4_mm("int4_mm", x.float(), qw, sp, zp, b, G, N)
     scale = ref.abs().max().item() + 1e-6
     err = (y.float() - ref).abs().max().item()
     tol = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[x.dtype]

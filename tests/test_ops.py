@@ -5,6 +5,7 @@ import torch._dynamo.testing
 
 import awq_inductor  # noqa: F401
 from awq_inductor import ops
+from awq_inductor.ops import oracles
 
 from helpers import random_packed
 
@@ -35,7 +36,7 @@ def test_eager_matches_reference(dtype, tol, M):
     x = torch.randn(M, K, dtype=dtype)
     y = OP(x, qw, s, z, b, G, N)
     assert y.shape == (M, N) and y.dtype == dtype
-    ref = ops.reference("int4_mm", x.float(), qw, s, z, b, G, N)
+    ref = oracles.int4_mm("int4_mm", x.float(), qw, s, z, b, G, N)
     scale = ref.abs().max().clamp_min(1e-6) if M else 1.0
     torch.testing.assert_close(y.float() / scale, ref / scale, rtol=0, atol=tol)
 
@@ -63,7 +64,7 @@ def test_dynamic_m_traces_once():
     f = torch.compile(lambda x: OP(x, qw, s, z, None, G, N), backend=cnt, dynamic=True, fullgraph=True)
     for M in (3, 7, 20):
         x = torch.randn(M, K)
-        torch.testing.assert_close(f(x), ops.reference("int4_mm", x, qw, s, z, None, G, N), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(f(x), oracles.int4_mm("int4_mm", x, qw, s, z, None, G, N), rtol=1e-5, atol=1e-5)
     assert cnt.frame_count == 1
 
 
@@ -100,6 +101,6 @@ def test_decode_rows_bf16(M, K, N, G):
     qw, s, z, b = random_packed(N, K, G, bias=True, seed=M * 7 + K)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(torch.bfloat16)
     y = OP(x, qw, s, z, b, G, N).float()
-    ref = ops.reference("int4_mm", x.float(), qw, s, z, b, G, N)
+    ref = oracles.int4_mm("int4_mm", x.float(), qw, s, z, b, G, N)
     scale = ref.abs().amax(dim=1, keepdim=True)
     torch.testing.assert_close(y / scale, ref / scale, rtol=0, atol=4e-3)

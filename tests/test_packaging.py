@@ -39,3 +39,18 @@ def test_installed_package_ships_the_tiny_llama():
     names = {p.name for p in res.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json", "heldout.txt"} <= names
     assert os.path.samefile(tiny_model.checkpoint_dir(), str(res))
+
+
+def test_pyproject_lists_every_subpackage():
+    # `pip install .` ships only the packages pyproject names: a new sub-package missing there
+    # imports from a source checkout but not from the installed wheel
+    import re
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(repo, "pyproject.toml")).read()
+    listed = set(re.findall(r'"(awq_inductor[\w.]*)"', text.split("packages = [", 1)[1].split("]", 1)[0]))
+    found = {"awq_inductor." + os.path.relpath(d, os.path.join(repo, "awq_inductor")).replace(os.sep, ".")
+             for d, _, files in os.walk(os.path.join(repo, "awq_inductor")) if "__init__.py" in files
+             and "__pycache__" not in d and "csrc_templates" not in d}
+    found = {"awq_inductor" if f == "awq_inductor.." else f for f in found} | {"awq_inductor.csrc_templates"}
+    assert listed == found

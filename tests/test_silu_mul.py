@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+from awq_inductor.formats import CheckpointSource
+from awq_inductor.ops import oracles
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
@@ -41,7 +44,7 @@ def test_op_matches_reference(isa, dtype):
             x = torch.randn(M, 128).to(dtype)
             with awq_config.patch(force_isa=isa):
                 y = torch.ops.awq.int4_mm_silu_mul(x, *args)
-            ref = ops.reference("int4_mm_silu_mul", x, *args)
+            ref = oracles.int4_mm("int4_mm_silu_mul", x, *args)
             check(y, ref)
             # the reference itself: silu(x Wg^T + bg) * (x Wu^T + bu) from the canonical weights
             w = testing.dequantize(q, z, s, 32)
@@ -97,7 +100,7 @@ def test_compiled_fuses_silu_mul_and_residual(clean, isa):
 
     with awq_config.patch(force_isa=isa):
         out, codes = run_and_get_code(torch.compile(f, fullgraph=True), x, r)
-    ref = (ops.reference("int4_mm_silu_mul", x.float(), *args) + r.float()).to(torch.bfloat16)
+    ref = (oracles.int4_mm("int4_mm_silu_mul", x.float(), *args) + r.float()).to(torch.bfloat16)
     check(out, ref)
     code = "\n".join(codes)
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
@@ -113,7 +116,7 @@ def test_compiled_dynamic_m(clean):
     for M in (2, 9, 40):
         x = torch.randn(M, 64)
         torch._dynamo.mark_dynamic(x, 0)
-        check(f(x), ops.reference("int4_mm_silu_mul", x, *args))
+        check(f(x), oracles.int4_mm("int4_mm_silu_mul", x, *args))
     assert counters["stats"]["unique_graphs"] == 1
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
 
@@ -135,7 +138,7 @@ def test_model_pass_llama_uses_fused_op():
         if isinstance(m, torch.nn.Linear) and name != "lm_head":
             q, z, s = testing.quantize_weight(m.weight, 32, torch.float32)
             lin = AWQLinear.from_canonical(q, z, s, group_size=32)
-            lin.awq_source = {"format": "gemm", "scales_dtype": torch.float32, "bias_dtype": None, "parts": None}
+            lin.awq_source = CheckpointSource(format="gemm", scales_dtype=torch.float32)
             model.set_submodule(name, lin)
     unfused = transform.convert(__import__("copy").deepcopy(model), fuse=False)
     transform.convert(model)

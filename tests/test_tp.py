@@ -1,4 +1,4 @@
-"""awq_inductor.transform.tp: tensor-parallel sharding on 2 gloo ranks (loopback, 1 thread each) and its errors.
+"""awq_inductor.tp: tensor-parallel sharding on 2 gloo ranks (loopback, 1 thread each) and its errors.
 
 One torchrun job (tests/tp_worker.py) runs both architectures, so the two ranks import torch and
 compile the shared kernels once; the per-architecture tests check its results."""
@@ -17,7 +17,7 @@ pytest.importorskip("safetensors")
 
 from awq_inductor import testing  # noqa: E402
 from awq_inductor.integrations import transformers as hf  # noqa: E402
-from awq_inductor.transform import tp  # noqa: E402
+from awq_inductor import tp  # noqa: E402
 from awq_inductor.transform.model_pass import convert  # noqa: E402
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear  # noqa: E402
 from awq_inductor.nn.head import Bf16HeadLinear  # noqa: E402
@@ -223,7 +223,7 @@ def test_row_parallel_bias_added_once(tmp_path):
     b = torch.randn(64)
     full = AWQLinear.from_canonical(q, z, s, b, group_size=32)
     x = torch.randn(3, 128)
-    parts = [tp._row_linear("layer.o_proj", full, r * 64, (r + 1) * 64, None, 2) for r in range(2)]
+    parts = [tp.sharding._row_linear("layer.o_proj", full, r * 64, (r + 1) * 64, None, 2) for r in range(2)]
     assert all(p.linear.bias is None and torch.equal(p.bias, b) for p in parts)
     y = sum(p.linear(x[:, r * 64:(r + 1) * 64]) for r, p in enumerate(parts)) + parts[0].bias
     torch.testing.assert_close(y, full(x), atol=1e-4, rtol=1e-4)

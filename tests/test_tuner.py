@@ -11,12 +11,12 @@ import torch
 
 import awq_inductor
 from awq_inductor import AWQLinear, config
-from awq_inductor.kernels import cache_key, tuner
+from awq_inductor.kernels import cache_key, dense, plan as kplan, tuner, tuning_cache
 from awq_inductor.schemes import OPS
 
 from helpers import random_canonical
 
-NEVER = tuner.NEVER
+NEVER = kplan.NEVER
 W4A16 = OPS["int4_mm"]
 W4A8 = OPS["int4_mm_a8"]
 
@@ -56,15 +56,15 @@ def test_machine_key_changes_with_threads_cpu_and_versions(monkeypatch):
 
 
 def test_path_for_mirrors_the_driver_order():
-    plan = tuner.Plan(amx_min_m=5, panel_min_m=8, bf16_f32_min_m=3, dense_min_m=1024)
+    plan = kplan.Plan(amx_min_m=5, panel_min_m=8, bf16_f32_min_m=3, dense_min_m=1024)
     bf16 = torch.bfloat16
-    assert [tuner.path_for(plan, W4A16, "avx512", bf16, m) for m in (1, 2, 3, 7, 8, 1023, 1024)] == \
+    assert [kplan.path_for(plan, W4A16, "avx512", bf16, m) for m in (1, 2, 3, 7, 8, 1023, 1024)] == \
         ["decode_bf16", "decode_bf16", "f32_rows", "f32_rows", "panel", "panel", "dense"]
-    assert [tuner.path_for(plan, W4A16, "amx", bf16, m) for m in (1, 4, 5, 2048)] == \
+    assert [kplan.path_for(plan, W4A16, "amx", bf16, m) for m in (1, 4, 5, 2048)] == \
         ["decode_bf16", "f32_rows", "amx", "dense"]
-    assert tuner.path_for(plan, W4A16, "amx", torch.float32, 16) == "panel"  # AMX is bf16-only
-    assert [tuner.path_for(plan, W4A8, "amx", bf16, m) for m in (4, 5)] == ["vnni", "amx"]
-    assert tuner.path_for(plan, W4A8, "avx512", bf16, 512) == "vnni"
+    assert kplan.path_for(plan, W4A16, "amx", torch.float32, 16) == "panel"  # AMX is bf16-only
+    assert [kplan.path_for(plan, W4A8, "amx", bf16, m) for m in (4, 5)] == ["vnni", "amx"]
+    assert kplan.path_for(plan, W4A8, "avx512", bf16, 512) == "vnni"
 
 
 def test_choose_follows_the_timings():
@@ -81,13 +81,13 @@ def test_choose_follows_the_timings():
     only_panel = {"decode_bf16": {m: 2.0 for m in ms}, "f32_rows": {m: 3.0 for m in ms},
                   "panel": {m: 1.0 for m in ms}, "dense": {m: 5.0 for m in ms}}
     plan = tuner.choose(W4A16, "avx512", torch.bfloat16, only_panel)
-    assert all(tuner.path_for(plan, W4A16, "avx512", torch.bfloat16, m) == "panel" for m in ms)
+    assert all(kplan.path_for(plan, W4A16, "avx512", torch.bfloat16, m) == "panel" for m in ms)
     assert plan.dense_min_m == NEVER
 
 
 def test_measure_stops_timing_a_path_that_keeps_losing():
     timer = fake_timer({"fast": lambda m: 1.0, "slow": lambda m: 3.0})
-    cands = {"fast": tuner.Plan(0, 0, 0), "slow": tuner.Plan(0, 0, 0)}
+    cands = {"fast": kplan.Plan(0, 0, 0), "slow": kplan.Plan(0, 0, 0)}
     times = tuner.measure(cands, timer)
     assert set(times["fast"]) == set(tuner.M_BUCKETS)
     assert max(times["slow"]) == 64  # slow at 32 and 64 (from DROP_MIN_M): not timed for M >= 128
@@ -100,19 +100,19 @@ def test_tuned_plan_round_trips_through_disk(tune_dir):
     plan, times = tuner.tune_shape(W4A16, "avx512", torch.bfloat16, 256, 128, 64, timer=timer)
     assert (plan.bf16_f32_min_m, plan.panel_min_m) == (4, 4)  # the first bucket where panel wins
     assert set(times["panel"]) == {str(m) for m in ms}
-    key = tuner.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
-    tuner.store(key, plan, times)
-    data = json.load(open(tuner.cache_path()))
-    assert data["plans"][key]["panel_min_m"] == 4 and data["machine"]["threads"] == tuner.threads()
-    assert os.path.dirname(tuner.cache_path()) == os.path.join(str(tune_dir), "tuning")
-    tuner.forget()
+    key = tuning_cache.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    tuning_cache.store(key, plan, times)
+    data = json.load(open(tuning_cache.cache_path()))
+    assert data["plans"][key]["panel_min_m"] == 4 and data["machine"]["threads"] == tuning_cache.threads()
+    assert os.path.dirname(tuning_cache.cache_path()) == os.path.join(str(tune_dir), "tuning")
+    tuning_cache.forget()
     with config.patch(tune="cached"):
-        got = tuner.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+        got = tuning_cache.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
     assert got.source == "cached" and got.thresholds() == plan.thresholds()
     # another thread count is another machine key: nothing cached there, the constants
     torch_threads = torch.get_num_threads()
     with config.patch(tune="cached", num_threads=torch_threads + 1):
-        assert tuner.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64).source == "default"
+        assert tuning_cache.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64).source == "default"
 
 
 def test_plan_for_tunes_once_then_remembers(tune_dir, monkeypatch):
@@ -120,19 +120,19 @@ def test_plan_for_tunes_once_then_remembers(tune_dir, monkeypatch):
 
     def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
         made.append((op.name, K, out_features, G))
-        return fake_timer({p: (lambda m: 1.0) for p in tuner.candidates(op, isa, x_dtype)})
+        return fake_timer({p: (lambda m: 1.0) for p in kplan.candidates(op, isa, x_dtype)})
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
     for _ in range(3):
-        tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+        tuning_cache.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
     assert made == [("int4_mm", 256, 128, 64)]
-    tuner.forget()
-    tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)  # from disk, not measured again
+    tuning_cache.forget()
+    tuning_cache.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)  # from disk, not measured again
     assert len(made) == 1
     with config.patch(tune="off"):
-        assert tuner.plan_for(W4A16, "avx512", torch.float32, 256, 64, 64).source == "default"
+        assert tuning_cache.plan_for(W4A16, "avx512", torch.float32, 256, 64, 64).source == "default"
     with config.patch(kernel_plan={"panel_min_m": 2}):
-        forced = tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+        forced = tuning_cache.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
     assert forced.source == "forced" and forced.panel_min_m == 2 and forced.amx_min_m == config.amx_min_m
     assert len(made) == 1
 
@@ -142,9 +142,9 @@ def test_bad_settings_are_named():
         with config.patch(tune="sometimes"):
             pass
     with pytest.raises(ValueError, match="kernel_plan: expected keys among"):
-        tuner.forced_plan({"amx_rows": 3})
+        kplan.forced_plan({"amx_rows": 3})
     with pytest.raises(ValueError, match="--shapes: expected KxN"):
-        tuner.parse_shapes("4096by4096", 128)
+        tuning_cache.parse_shapes("4096by4096", 128)
 
 
 def test_forced_dense_plan_runs_the_dense_path(monkeypatch):
@@ -152,7 +152,7 @@ def test_forced_dense_plan_runs_the_dense_path(monkeypatch):
     lin = AWQLinear.from_canonical(q, z, s, torch.randn(96), group_size=64)
     x = torch.randn(5, 256)
     calls = []
-    real = tuner.dense_call
+    real = dense.dense_call
     monkeypatch.setattr(tuner, "dense_call", lambda *a: calls.append(1) or real(*a))
     want = x @ lin.dequantize().t() + lin.bias
     torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-3)
@@ -167,31 +167,31 @@ def test_forced_dense_plan_runs_the_dense_path(monkeypatch):
 def test_model_shapes_of_llama7b():
     cfg = {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
            "num_key_value_heads": 32, "quantization_config": {"group_size": 128}}
-    shapes = tuner.model_shapes(cfg)
+    shapes = tuning_cache.model_shapes(cfg)
     assert [(s.op.name, s.K, s.out_features, s.G) for s in shapes] == [
         ("int4_mm", 4096, 12288, 128), ("int4_mm", 4096, 4096, 128),
         ("int4_mm_silu_mul", 4096, 11008, 128), ("int4_mm", 11008, 4096, 128)]
     with pytest.raises(ValueError, match="missing 'intermediate_size'"):
-        tuner.model_shapes({"hidden_size": 64, "num_attention_heads": 4})
+        tuning_cache.model_shapes({"hidden_size": 64, "num_attention_heads": 4})
 
 
 def test_model_shapes_of_qwen3_moe_include_the_experts_plans():
     """The shapes moe.expert_plans looks up (gate|up K=H, N=2I; down K=I, N=H) are listed, so
     ``tune --model`` fills the experts' plans too."""
-    from awq_inductor import moe
+    from awq_inductor.ops import moe, oracles
     from awq_inductor.schemes import MOE_OPS
 
     cfg = {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
            "num_key_value_heads": 4, "head_dim": 128, "quantization_config": {"group_size": 128}}
-    got = {(s.op.name, s.K, s.out_features, s.G) for s in tuner.model_shapes(cfg)}
+    got = {(s.op.name, s.K, s.out_features, s.G) for s in tuning_cache.model_shapes(cfg)}
     mop = MOE_OPS["int4_moe"]
     looked_up = []
-    orig = tuner.plan_for
+    orig = tuning_cache.plan_for
     try:
-        tuner.plan_for = lambda op, isa, dt, K, n, G: looked_up.append((op.name, K, n, G)) or tuner.default_plan()
+        tuning_cache.plan_for = lambda op, isa, dt, K, n, G: looked_up.append((op.name, K, n, G)) or kplan.default_plan()
         moe.expert_plans(mop, "avx512", torch.bfloat16, 2048, 768, 128)
     finally:
-        tuner.plan_for = orig
+        tuning_cache.plan_for = orig
     assert looked_up and set(looked_up) <= got, (looked_up, got)
     assert ("int4_mm_silu_mul", 2048, 6144, 128) in got  # the dense MLP layers' shape stays
 
@@ -203,7 +203,7 @@ def test_tune_cli_measures_real_kernels(tune_dir, capsys):
     assert main(["tune", "--shapes", "256x128", "--group-size", "64", "--dtype", "float32"]) == 0
     out = capsys.readouterr().out
     assert "tuned 1 shape(s)" in out and "int4_mm K=256 N=128 G=64" in out
-    data = json.load(open(tuner.cache_path()))
+    data = json.load(open(tuning_cache.cache_path()))
     (key, entry), = data["plans"].items()
     assert key.startswith("int4_mm/") and key.endswith("/float32/K256/N128/G64")
     assert set(entry["times_ms"]) >= {"dense", "f32_rows"} and entry["times_ms"]["dense"]["1"] > 0
@@ -226,7 +226,7 @@ def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch
     """Two candidate timings forced: the compiled kernel's thresholds select the faster one."""
     def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
         return fake_timer({p: (lambda m, p=p: 1.0 if p == winner else 2.0)
-                           for p in tuner.candidates(op, isa, x_dtype)})
+                           for p in kplan.candidates(op, isa, x_dtype)})
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
     q, z, s = random_canonical(128, 256, 64)
@@ -234,9 +234,9 @@ def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch
     x = torch.randn(3, 256).to(torch.bfloat16)
     with config.patch(force_isa="avx512"):
         code = _compiled_code(lin, x)
-        plan = tuner.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+        plan = tuning_cache.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
     assert literal in code and "// plan: tuned" in code
-    assert tuner.path_for(plan, W4A16, "avx512", torch.bfloat16, 3) == winner
+    assert kplan.path_for(plan, W4A16, "avx512", torch.bfloat16, 3) == winner
     torch.testing.assert_close(lin(x).float(), x.float() @ lin.dequantize().t(), rtol=2e-2, atol=2e-2)
 
 
@@ -248,11 +248,11 @@ def test_fx_cache_key_follows_the_tuning_cache(tune_dir):
     assert inductor.register()
     before = lowering.cache_uuid()
     assert lowering.cache_uuid() == before
-    key = tuner.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
-    tuner.store(key, tuner.Plan(5, 8, 3, source="tuned"), {})
+    key = tuning_cache.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    tuning_cache.store(key, kplan.Plan(5, 8, 3, source="tuned"), {})
     first = lowering.cache_uuid()
     assert first != before
-    tuner.store(key, tuner.Plan(5, 16, 3, source="tuned"), {})
+    tuning_cache.store(key, kplan.Plan(5, 16, 3, source="tuned"), {})
     assert lowering.cache_uuid() not in (before, first)
 
 
@@ -265,17 +265,17 @@ def test_backend_tunes_before_inductor_computes_its_cache_key(tune_dir, monkeypa
     real = lowering.compile_with_inductor
 
     def spy(gm, example_inputs, patches):
-        seen["plans"] = json.load(open(tuner.cache_path()))["plans"] if os.path.exists(tuner.cache_path()) else {}
+        seen["plans"] = json.load(open(tuning_cache.cache_path()))["plans"] if os.path.exists(tuning_cache.cache_path()) else {}
         return real(gm, example_inputs, patches)
 
     monkeypatch.setattr(lowering, "compile_with_inductor", spy)
     monkeypatch.setattr(tuner, "kernel_timer", lambda op, isa, dt, K, n, G: fake_timer(
-        {p: (lambda m: 1.0) for p in tuner.candidates(op, isa, dt)}))
+        {p: (lambda m: 1.0) for p in kplan.candidates(op, isa, dt)}))
     q, z, s = random_canonical(64, 128, 64)
     lin = AWQLinear.from_canonical(q, z, s, group_size=64)
     with config.patch(force_isa="avx512"):
         _compiled_code(lin, torch.randn(2, 128))
-    assert list(seen["plans"]) == [tuner.shape_key(W4A16, "avx512", torch.float32, 128, 64, 64)]
+    assert list(seen["plans"]) == [tuning_cache.shape_key(W4A16, "avx512", torch.float32, 128, 64, 64)]
 
 
 def test_unrepeatable_timings_keep_the_constants(tune_dir, monkeypatch):
@@ -284,15 +284,15 @@ def test_unrepeatable_timings_keep_the_constants(tune_dir, monkeypatch):
     flip = iter(range(10 ** 6))
     noisy = fake_timer({p: (lambda m: 1.0 if next(flip) % 2 else 3.0) for p in ("dense", "f32_rows", "panel")})
     monkeypatch.setattr(tuner, "kernel_timer", lambda *a: noisy)
-    plan = tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
-    assert plan.source == "noisy" and plan.thresholds() == tuner.default_plan().thresholds()
-    (entry,) = json.load(open(tuner.cache_path()))["plans"].values()
+    plan = tuning_cache.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64)
+    assert plan.source == "noisy" and plan.thresholds() == kplan.default_plan().thresholds()
+    (entry,) = json.load(open(tuning_cache.cache_path()))["plans"].values()
     assert entry["noisy"] is True and entry["panel_min_m"] == config.panel_min_m
-    tuner.forget()  # a later process: the constants from the cache, no measuring
+    tuning_cache.forget()  # a later process: the constants from the cache, no measuring
     monkeypatch.setattr(tuner, "kernel_timer", lambda *a: pytest.fail("measured again"))
-    assert tuner.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64).thresholds() == plan.thresholds()
+    assert tuning_cache.plan_for(W4A16, "avx512", torch.float32, 256, 128, 64).thresholds() == plan.thresholds()
     with pytest.raises(pytest.fail.Exception, match="measured again"):  # the tune command does
-        tuner.tune_shapes(tuner.parse_shapes("256x128", 64), torch.float32, isa="avx512", show=False)
+        tuning_cache.tune_shapes(tuning_cache.parse_shapes("256x128", 64), torch.float32, isa="avx512", show=False)
 
 
 def test_kernel_timer_times_the_call_only_and_scales_one_slice_from_large_m(monkeypatch):
@@ -315,7 +315,7 @@ def test_kernel_timer_times_the_call_only_and_scales_one_slice_from_large_m(monk
     op = OPS["int4_mm"]
     N = 8192
     timer = tuner.kernel_timer(op, "avx512", torch.bfloat16, 256, N, 128)
-    plan = tuner.candidates(op, "avx512", torch.bfloat16)["panel"]
+    plan = kplan.candidates(op, "avx512", torch.bfloat16)["panel"]
     for M in (1, tuner.LARGE_M, 1024):
         t = timer("panel", plan, M)
         assert N * 1e-6 <= t < N * 1e-6 + 0.02, (M, t)

@@ -13,6 +13,7 @@ import torch
 
 from helpers import op_args
 from awq_inductor import config, packing, schemes
+from awq_inductor.ops import oracles
 from awq_inductor.kernels import native
 from awq_inductor.kernels import isa as isa_mod
 from awq_inductor import ops as awq_ops
@@ -68,12 +69,12 @@ def test_numerics_per_isa(isa, dtype):
             x[:, 3] = 7.0  # an outlier channel: the per-token scale follows it
             got = k(x, *w)
             assert got.dtype == dtype and got.shape == (M, N)
-            err = rel_err(got, awq_ops.reference("int4_mm_a8", x, *w))
+            err = rel_err(got, oracles.int4_mm("int4_mm_a8", x, *w))
             _FIGURES[f"{isa}/{str(dtype)[6:]}/K{K}_N{N}_G{G}/M{M}"] = round(err, 5)
             print(f"W4A8 {isa:12s} {str(dtype)[6:]:8s} K={K} N={N} G={G} M={M:3d} mean rel err {err:.4f}")
             assert err <= 0.03, (isa, dtype, K, N, G, M, err)
             if dtype == torch.float32:  # the integer math itself is exact: vs x quantized the same way
-                exact = awq_ops.reference("int4_mm_a8", x, *w, quantize_x=True)
+                exact = oracles.int4_mm("int4_mm_a8", x, *w, quantize_x=True)
                 assert rel_err(got, exact) < 1e-5, (isa, K, N, G, M)
 
 
@@ -85,7 +86,7 @@ def test_zero_rows_and_k_slicing():
     with config.patch(num_threads=4):
         got = torch.ops.awq.int4_mm_a8(x, *w)
     torch.testing.assert_close(got[1], w[4], atol=0, rtol=0)
-    assert rel_err(got, awq_ops.reference("int4_mm_a8", x, *w, quantize_x=True)) < 1e-5
+    assert rel_err(got, oracles.int4_mm("int4_mm_a8", x, *w, quantize_x=True)) < 1e-5
 
 
 def test_packing_round_trip_and_layout():
@@ -161,7 +162,7 @@ def test_compiled_uses_w4a8_template():
         if HAS_AVX512:
             assert "_mm512_dpbusd_epi32" in code
         assert "torch.ops.awq.int4_mm_a8" not in code  # no extern call
-        ref = torch.nn.functional.silu(awq_ops.reference("int4_mm_a8", x, *w).float())
+        ref = torch.nn.functional.silu(oracles.int4_mm("int4_mm_a8", x, *w).float())
         assert rel_err(out, ref) < 0.03
     torch._dynamo.reset()
 
@@ -261,7 +262,7 @@ def test_silu_mul_op_vs_reference(isa, dtype):
             _FIGURES[f"silu_mul/{isa}/{str(dtype)[6:]}/K{K}_I{I}_G{G}/M{M}"] = round(err, 5)
             assert err <= 0.03, (isa, dtype, K, I, G, M, err)
             if dtype == torch.float32:
-                exact = awq_ops.reference("int4_mm_a8_silu_mul", x, *w, quantize_x=True)
+                exact = oracles.int4_mm("int4_mm_a8_silu_mul", x, *w, quantize_x=True)
                 assert rel_err(got, exact) < 1e-5, (isa, K, I, G, M)
     # eager op entry point, K-sliced M=1 path, zero row -> silu(bg) * bu exactly
     w, _ = packed_gate_up(512, 64, 64, seed=3)
@@ -271,7 +272,7 @@ def test_silu_mul_op_vs_reference(isa, dtype):
         got = torch.ops.awq.int4_mm_a8_silu_mul(x, *w)
     bg, bu = packing.deinterleave_gate_up(w[4], 64)[:64], packing.deinterleave_gate_up(w[4], 64)[64:]
     torch.testing.assert_close(got[1], torch.nn.functional.silu(bg) * bu, atol=1e-6, rtol=1e-5)
-    assert rel_err(got, awq_ops.reference("int4_mm_a8_silu_mul", x, *w, quantize_x=True)) < 1e-5
+    assert rel_err(got, oracles.int4_mm("int4_mm_a8_silu_mul", x, *w, quantize_x=True)) < 1e-5
 
 
 def test_silu_mul_packing_round_trip_and_opcheck():
@@ -323,7 +324,7 @@ def test_silu_mul_compiled_one_template_kernel():
     if HAS_AVX512:
         assert "_mm512_dpbusd_epi32" in code
     assert "torch.ops.awq" not in code  # no extern call
-    ref = awq_ops.reference("int4_mm_a8_silu_mul", x, *w).float() + r.float()
+    ref = oracles.int4_mm("int4_mm_a8_silu_mul", x, *w).float() + r.float()
     assert rel_err(out, ref) < 0.03
     torch._dynamo.reset()
 

@@ -1,7 +1,7 @@
 """The ranks of the tensor-parallel tests (run by tests/test_tp.py under torchrun: gloo, 1 thread).
 
 For every case of ``<out>/cases.pt`` ({name: {"ckpt", "ids", "prompt"}}) each rank loads the AWQ
-checkpoint through the transformers patch, shards it with ``awq_inductor.transform.tp.shard`` and records
+checkpoint through the transformers patch, shards it with ``awq_inductor.tp.shard`` and records
 eager full-sequence logits, 16 greedy tokens and their per-step logits, eager and compiled
 (backend awq_inductor: graph-break count, all_reduce / all_gather nodes per captured graph,
 Inductor counters),
@@ -35,7 +35,7 @@ def loader_logits(case):
     import transformers
 
     from awq_inductor.integrations import transformers as hf
-    from awq_inductor.transform import tp
+    from awq_inductor import tp
 
     hf.patch_transformers()
     ref = transformers.AutoModelForCausalLM.from_pretrained(case["ckpt"], dtype=torch.float32).eval()
@@ -50,7 +50,7 @@ def run_case(case, mark):
     import transformers
 
     from awq_inductor.integrations import transformers as hf
-    from awq_inductor.transform import tp
+    from awq_inductor import tp
     from awq_inductor.inductor.backend import awq_inductor_backend
     from awq_inductor.transform.model_pass import convert
 

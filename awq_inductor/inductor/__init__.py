@@ -78,3 +78,10 @@ def register() -> bool:
 
 def is_registered() -> bool:
     return bool(_registered)
+
+
+# The ops register our lowering when they are first traced (awq_inductor.ops.tracing): they never
+# import this package, this package hooks into them.
+from ..ops.tracing import add_first_trace_hook  # noqa: E402
+
+add_first_trace_hook(register)

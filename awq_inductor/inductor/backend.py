@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import lowering
+from . import lowering, register
 
 BACKEND_NAME = "awq_inductor"
 
@@ -58,6 +58,7 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         raise TypeError(f"awq_inductor_backend: unexpected arguments {sorted(kwargs)}")
     route_bf16_linears(gm)
     tune_graph(gm)
+    register()
     return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra))
 
 
@@ -71,7 +72,7 @@ def route_bf16_linears(gm: torch.fx.GraphModule) -> int:
     enabled is compiled apart), a contiguous weight (the op would copy it otherwise) and no
     bias or a bf16 one (F.linear rejects any other, and so must the graph). Returns the number
     of calls rerouted."""
-    from .. import bf16_head
+    from ..ops import head_bf16 as bf16_head
 
     if torch.is_grad_enabled() or not bf16_head.gemv_available():
         return 0
@@ -101,7 +102,7 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
     ``gm`` *before* Inductor computes its FX cache key, which covers the tuning cache's content:
     measured here, the first compile is keyed like every later one (measured during lowering,
     the next process would miss the cache once). Returns the number of awq op calls seen."""
-    from ..kernels import tuner
+    from ..kernels import tuning_cache
     from ..schemes import OPS
 
     by_target = {t: op for op in OPS.values() for t in (op.torch_op, op.torch_op.default)}
@@ -117,7 +118,7 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
         if x is None or x.dim() != 2 or not isinstance(x.shape[1], int):
             continue
         isa = isa or lowering.choose_isa()
-        tuner.plan_for(op, isa, x.dtype, int(x.shape[1]), int(node.args[-1]), int(node.args[-2]))
+        tuning_cache.plan_for(op, isa, x.dtype, int(x.shape[1]), int(node.args[-1]), int(node.args[-2]))
         seen += 1
     return seen
 

@@ -49,7 +49,9 @@ except ImportError as e:
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraphPass  # noqa: E402  (public)
 
 from .. import config as awq_config
-from ..kernels import cache_key, codegen, isa as isa_mod, tuner
+from ..kernels import cache_key, codegen, isa as isa_mod, tuning_cache
+from ..kernels.plan import NEVER, Plan
+from ..ops.moe import expert_plans
 from ..kernels.toolchain import require_cxx
 from ..schemes import MOE_OPS, OPS, MoeOp, Op
 
@@ -95,7 +97,7 @@ def cache_uuid() -> str:
     (:func:`sources_hash`), every awq_inductor.config setting, the thread count, the CPU, the
     ISA :func:`choose_isa` picks now (see awq_inductor.kernels.cache_key) and the content of the
     tuning cache (``kernels.tuner``: the thresholds rendered into the code come from it)."""
-    return cache_key.fx_key(choose_isa(), sources_hash(), {"tuning_cache": tuner.cache_digest()})
+    return cache_key.fx_key(choose_isa(), sources_hash(), {"tuning_cache": tuning_cache.cache_digest()})
 
 
 class AwqCachePass(CustomGraphPass):
@@ -162,7 +164,7 @@ class AwqTemplate(CppTemplate):
     """One call site of ``op``: inputs x, the scheme's weights[, bias]; output [M, out_features]."""
 
     def __init__(self, op: Op, input_nodes, layout, num_threads, *, group_size: int, out_features: int,
-                 has_bias: bool, isa: str, plan: tuner.Plan):
+                 has_bias: bool, isa: str, plan: Plan):
         super().__init__(op.c_entry, input_nodes, layout, num_threads)
         self.plan = plan
         self.op = op
@@ -291,9 +293,9 @@ def lower(op: Op, x, *args):
     layout = ir.FixedLayout(x_.get_device(), x_.get_dtype(), [x_.get_size()[0], sympy.Integer(out_features)])
     threads = awq_config.num_threads or parallel_num_threads()
     isa = choose_isa()
-    plan = tuner.plan_for(op, isa, x_.get_dtype(), int(x_.get_size()[1]), int(out_features), int(group_size))
+    plan = tuning_cache.plan_for(op, isa, x_.get_dtype(), int(x_.get_size()[1]), int(out_features), int(group_size))
     m = x_.get_size()[0]
-    if plan.dense_min_m < tuner.NEVER and (free_symbols(m) or int(m) >= plan.dense_min_m):
+    if plan.dense_min_m < NEVER and (free_symbols(m) or int(m) >= plan.dense_min_m):
         # the plan runs (some) M as dequantize + dense GEMM: the eager op dispatches on M at run time
         log.debug("%s: extern call (plan: dense from M=%d)", op.name, plan.dense_min_m)
         return L.fallback_handler(torch_op, add_to_fallback_set=False)(x, *args)
@@ -305,7 +307,7 @@ def lower(op: Op, x, *args):
 
 # ---------------------------------------------------------------------------------------------
 # The MoE experts ops (awq::int4_moe, awq::int4_moe_a8)
-def _plan_note(plan: tuner.Plan) -> str:
+def _plan_note(plan: Plan) -> str:
     return "plan: " + ("tuned" if plan.source in ("tuned", "cached") else plan.source)
 
 
@@ -393,8 +395,6 @@ def lower_moe(mop: MoeOp, x, topk_ids, topk_weights, *args):
     layout = ir.FixedLayout(x_.get_device(), x_.get_dtype(), list(x_.get_size()))
     threads = awq_config.num_threads or parallel_num_threads()
     isa = choose_isa()
-    from ..moe import expert_plans
-
     H, I, G = int(x_.get_size()[1]), int(intermediate_size), int(group_size)
     plans = expert_plans(mop, isa, x_.get_dtype(), H, I, G)
     tmpl = AwqMoeTemplate(mop, tensors, layout, threads, group_size=G, intermediate_size=I, isa=isa, plans=plans)
@@ -448,11 +448,8 @@ def inductor_mode_options(mode: str) -> dict:
 
 
 def compile_with_inductor(gm, example_inputs, config_patches: dict):
-    """``compile_fx`` (the ``inductor`` backend) with ``config_patches``, our lowering registered."""
+    """``compile_fx`` (the ``inductor`` backend) with ``config_patches`` (the caller registers our lowering)."""
     from torch._inductor.compile_fx import compile_fx
 
-    from . import register
-
     require_cxx()  # a clear CompilerNotFoundError now rather than one from deep inside Inductor
-    register()
     return compile_fx(gm, example_inputs, config_patches=config_patches)

@@ -22,7 +22,7 @@ name, so :func:`patch_transformers` overwrites the module-level dicts that
    every ``nn.Linear`` not in ``modules_to_not_convert`` (plus transformers' default skips:
    ``lm_head``, tied and last modules) becomes a :class:`CheckpointInt4Linear` holding buffers
    with the checkpoint's names, shapes and dtypes; ``mlp.act`` of the architectures in
-   :data:`ACT_SCALES_MAPPINGS` becomes :class:`ScaledActivation`. The safetensors headers are
+   ``families.FAMILIES`` (``act_scales``) becomes :class:`ScaledActivation`. The safetensors headers are
    read (no tensor data) and checked against those modules: a quantized tensor with no module to
    receive it (per-expert MoE keys, unknown modules), a missing ``qweight``/``qzeros``/
    ``scales``/``bias``, or a tensor of the wrong shape raises :class:`CheckpointError` naming
@@ -41,6 +41,7 @@ one (through this patch, or through any other AWQ/GPTQ loader).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -55,26 +56,23 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.quantizers.quantizers_utils import should_convert_module
 from transformers.utils import quantization_config as qc
 
-from .. import transform
-from ..formats import AWQ_FORMATS, GPTQ_FORMATS
+from .. import families, formats, transform
 from ..nn import CheckpointInt4Linear, CheckpointMoEExperts, ScaledActivation
-from ..nn.moe import EXPERT_NAMES, FUSED_NAMES
 from ..schemes import scheme_for
 from ..transform.model_pass import LM_HEAD_CHOICES
-#: model_type -> (activation attribute, linear feeding it): AWQ stores ``<mlp>.<act>.scales``.
-ACT_SCALES_MAPPINGS = {
-    "starcoder2": ("act", "c_fc"),
-    "RefinedWebModel": ("act", "dense_h_to_4h"),
-    "falcon": ("act", "dense_h_to_4h"),
-    "mpt": ("act", "up_proj"),
-    "gptj": ("act", "fc_in"),
-    "gpt_neox": ("act", "dense_h_to_4h"),
-    "gpt_bigcode": ("act", "c_fc"),
-    "bloom": ("gelu_impl", "dense_h_to_4h"),
-}
-_QUANT_SUFFIXES = ("qweight", "qzeros", "scales", "g_idx")
 
-_state = {"act_quant": None, "lm_head": "bf16"}
+#: The tensors an int4 module of any registered format stores (checkpoint keys ending in these
+#: must land in an int4 module).
+_QUANT_SUFFIXES = tuple(sorted({t for f in formats.FORMATS.values() for t in f.tensors} | {"g_idx"}))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadOptions:
+    """What :func:`patch_transformers` was asked for: the quantizer classes carry it, each quantizer
+    (one per ``from_pretrained``) keeps the value it was created with and applies it after loading."""
+
+    act_quant: Optional[str] = None
+    lm_head: Optional[str] = "bf16"
 
 
 class CheckpointError(ValueError):
@@ -145,16 +143,6 @@ def read_checkpoint_header(checkpoint_files: Optional[Iterable[str]]) -> Optiona
     return None if h is None else {k: (shape, dt) for k, (shape, dt, _) in h.items()}
 
 
-def _expected_dtypes(fmt: str) -> Dict[str, Tuple[str, Tuple[torch.dtype, ...]]]:
-    """Checkpoint tensor -> (description, accepted dtypes)."""
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    ints = (torch.int32, torch.int64, torch.int16)
-    qw = ("int16", (torch.int16,)) if fmt == "gemv_fast" else ("int32", (torch.int32,))
-    qz = ("float16/bfloat16/float32", floats) if fmt == "gemv_fast" else ("int32", (torch.int32,))
-    return {"qweight": qw, "qzeros": qz, "scales": ("float16/bfloat16/float32", floats),
-            "bias": ("float16/bfloat16/float32", floats), "g_idx": ("an integer dtype", ints)}
-
-
 def check_loaded_int4_tensors(model) -> None:
     """After the tensors are loaded, before conversion: scales (and float zeros, bias) of every
     int4 placeholder must be finite; raise :class:`CheckpointError` naming file and tensor."""
@@ -186,20 +174,13 @@ def _map_key(key: str, names: set, prefix: str) -> str:
     return key
 
 
-#: model_type -> checkpoint module-name renames transformers 5 applies when loading (the MoE block
-#: of Mixtral checkpoints is ``block_sparse_moe``, transformers' module ``mlp``)
-_KEY_RENAMES = {"mixtral": ((".block_sparse_moe.", ".mlp."),)}
-
-
 def _rename_key(key: str, model_type: Optional[str]) -> str:
-    for old, new in _KEY_RENAMES.get(model_type, ()):
-        key = key.replace(old, new)
-    return key
+    return families.rename_key(key, model_type)
 
 
 def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
     """Each transformers experts module (3-D ``gate_up_proj`` / ``down_proj``, names in
-    ``nn.moe.EXPERT_NAMES``) whose checkpoint stores int4 experts becomes a
+    ``families.FAMILIES``) whose checkpoint stores int4 experts becomes a
     :class:`CheckpointMoEExperts`: per-expert keys (``experts.0.gate_proj.qweight``: one
     ``nn.Linear`` per expert and projection) or fused 3-D keys (``experts.gate_up_proj.qweight``
     [E, ...]: one stacked linear per projection); the int4 placeholder pass then treats them like
@@ -213,10 +194,11 @@ def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
         return bool({key, f"{prefix}.{key}", key.partition(".")[2]} & keys)
 
     for name, mod in list(model.named_modules()):
-        names = EXPERT_NAMES.get(type(mod).__name__)
-        if names is None or not should_convert_module(name, skip):
+        fam = families.experts_family(type(mod).__name__)
+        if fam is None or not should_convert_module(name, skip):
             continue
-        fused = keys is not None and stored(f"{name}.{FUSED_NAMES[0]}.qweight")
+        names = fam.expert_names
+        fused = keys is not None and stored(f"{name}.{families.FUSED_EXPERT_NAMES[0]}.qweight")
         if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.qweight"):
             continue  # experts stored in floating point: transformers loads them as they are
         E, two_i, H = mod.gate_up_proj.shape
@@ -239,15 +221,9 @@ class AwqConfig(qc.AwqConfig):
 
     def post_init(self):
         fmt = str(getattr(self.format, "value", self.format)).lower()
-        if fmt in ("exllama", "ipex"):
-            self.format = "gemm"
-        elif fmt == "marlin":
-            raise NotImplementedError(
-                "awq_inductor: AWQ version 'marlin' checkpoints (symmetric, Marlin tile layout) are not "
-                f"supported; supported versions: {', '.join(AWQ_FORMATS)} (and exllama/ipex, stored as gemm)")
+        if fmt != "llm-awq":  # (transformers' own config knows llm-awq; the rest is ours)
+            self.format = formats.awq_format(fmt).name  # exllama / ipex -> gemm; marlin refused by name
         super().post_init()
-        if str(getattr(self.format, "value", self.format)) == "llm-awq":
-            self._awq_inductor_format = "gemv_fast"
 
 
 class _InductorQuantizer(HfQuantizer):
@@ -256,10 +232,7 @@ class _InductorQuantizer(HfQuantizer):
     requires_calibration = True
 
     def validate_environment(self, *args, **kwargs):
-        cfg = self.quantization_config
-        if getattr(cfg, "bits", 4) != 4:
-            raise CheckpointError(f"config.json: quantization_config.bits: expected 4 (awq_inductor runs int4 "
-                                  f"checkpoints only), got {cfg.bits!r}")
+        self.checkpoint_format()  # a config we cannot run is refused before anything is loaded
 
     def update_device_map(self, device_map):
         return device_map
@@ -275,9 +248,19 @@ class _InductorQuantizer(HfQuantizer):
     def is_compileable(self):
         return True
 
-    # -- subclass hooks --
-    def checkpoint_format(self) -> str:
-        raise NotImplementedError
+    #: set by :func:`patch_transformers`; each instance keeps the value it was created with
+    options = LoadOptions()
+
+    def __init__(self, quantization_config, **kwargs):
+        super().__init__(quantization_config, **kwargs)
+        self.options = type(self).options
+
+    def checkpoint_format(self) -> formats.CheckpointFormat:
+        """The checkpoint's format, recognised by :mod:`awq_inductor.formats` from its quantization config."""
+        try:
+            return formats.from_quantization_config(self.quantization_config.to_dict()).format
+        except formats.UnsupportedCheckpoint as e:
+            raise CheckpointError(f"config.json: {e}") from e
 
     def _process_model_before_weight_loading(self, model, **kwargs):
         cfg = self.quantization_config
@@ -330,10 +313,10 @@ class _InductorQuantizer(HfQuantizer):
             self._check_header(model, hkeys, placeholders, act_modules)
 
     def _wrap_act_scales(self, model, hkeys):
-        mt = getattr(model.config, "model_type", None)
-        if mt not in ACT_SCALES_MAPPINGS:
+        act_scales = families.family(getattr(model.config, "model_type", None)).act_scales
+        if act_scales is None:
             return set()
-        act_name, before_name = ACT_SCALES_MAPPINGS[mt]
+        act_name, before_name = act_scales
         wrapped = set()
         for name, mod in list(model.named_modules()):
             act = getattr(mod, act_name, None) if isinstance(mod, nn.Module) else None
@@ -362,13 +345,13 @@ class _InductorQuantizer(HfQuantizer):
         if unexpected:
             moe = [k for k in unexpected if re.search(r"\.experts\.\d+\.", k)]
             hint = (" Per-expert MoE weights: experts beyond the config's expert count, or an experts module "
-                    f"awq_inductor does not know (it knows {', '.join(EXPERT_NAMES)})." if moe else "")
+                    f"awq_inductor does not know (it knows {', '.join(families.experts_classes())})." if moe else "")
             raise CheckpointError(
                 f"awq_inductor: {len(unexpected)} quantized checkpoint tensors have no int4 linear module to "
                 f"load into and would be dropped (leaving layers randomly initialised): {_fmt_list(unexpected)}.{hint}")
         for name, ph in placeholders.items():
             exp = ph.expected_shapes(bias=ph.bias is not None, g_idx=False)
-            want_dt = _expected_dtypes(ph.format)
+            want_dt = ph.checkpoint_format.dtypes()
             files = getattr(ph, "_awq_ckpt", {})
             for t, (shape, _) in exp.items():
                 key = f"{name}.{t}"
@@ -394,52 +377,29 @@ class _InductorQuantizer(HfQuantizer):
             raise CheckpointError(
                 f"awq_inductor: {len(not_loaded)} model tensors were not found in the checkpoint and would be "
                 f"randomly initialised: {_fmt_list(not_loaded)}")
-        transform.convert(model, act_quant=_state["act_quant"], lm_head=_state["lm_head"])
+        transform.convert(model, act_quant=self.options.act_quant, lm_head=self.options.lm_head)
         return model
 
     def get_state_dict_and_metadata(self, model):
-        return transform.checkpoint_state_dict(model, self.checkpoint_format()), {}
+        return transform.checkpoint_state_dict(model, self.checkpoint_format().name), {}
 
 
 class AwqInductorQuantizer(_InductorQuantizer):
     """AWQ (gemm / gemv / gemv_fast) on CPU through awq_inductor."""
-
-    def validate_environment(self, *args, **kwargs):
-        super().validate_environment(*args, **kwargs)
-        cfg = self.quantization_config
-        if not getattr(cfg, "zero_point", True):
-            raise NotImplementedError("awq_inductor: AWQ checkpoints without zero_point are not supported")
-
-    def checkpoint_format(self):
-        cfg = self.quantization_config
-        fmt = getattr(cfg, "_awq_inductor_format", None) or str(getattr(cfg.format, "value", cfg.format)).lower()
-        if fmt == "llm-awq":
-            fmt = "gemv_fast"
-        if fmt not in AWQ_FORMATS:
-            raise NotImplementedError(f"awq_inductor: AWQ version {fmt!r} is not supported; supported: {AWQ_FORMATS}")
-        return fmt
 
 
 class GptqInductorQuantizer(_InductorQuantizer):
     """GPTQ (desc_act=False, checkpoint_format gptq / gptq_v2) on CPU through awq_inductor."""
 
     def __init__(self, quantization_config, **kwargs):
-        HfQuantizer.__init__(self, quantization_config, **kwargs)
+        super().__init__(quantization_config, **kwargs)
         if not self.pre_quantized:
             raise NotImplementedError("awq_inductor: only loading pre-quantized GPTQ checkpoints is supported")
 
-    def validate_environment(self, *args, **kwargs):
-        super().validate_environment(*args, **kwargs)
-        if getattr(self.quantization_config, "desc_act", False):
-            raise NotImplementedError("awq_inductor: GPTQ act-order (desc_act=True) checkpoints are not supported")
-        self.checkpoint_format()
 
-    def checkpoint_format(self):
-        fmt = str(getattr(self.quantization_config, "format", "gptq")).lower()
-        if fmt not in GPTQ_FORMATS:
-            raise NotImplementedError(f"awq_inductor: GPTQ checkpoint_format {fmt!r} is not supported; "
-                                      f"supported: {GPTQ_FORMATS}")
-        return fmt
+
+#: quant_method -> our quantizer class (a registered format's method without an entry gets the base class)
+QUANTIZERS = {"awq": AwqInductorQuantizer, "gptq": GptqInductorQuantizer}
 
 
 def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] = "bf16") -> None:
@@ -457,8 +417,7 @@ def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] =
     major = int(transformers.__version__.split(".")[0])
     if major != 5:
         raise RuntimeError(f"awq_inductor needs transformers 5.x, found {transformers.__version__}")
-    qauto.AUTO_QUANTIZER_MAPPING["awq"] = AwqInductorQuantizer
-    qauto.AUTO_QUANTIZER_MAPPING["gptq"] = GptqInductorQuantizer
+    for method in formats.quant_methods():  # every quant_method of a registered checkpoint format
+        qauto.AUTO_QUANTIZER_MAPPING[method] = QUANTIZERS.get(method, _InductorQuantizer)
     qauto.AUTO_QUANTIZATION_CONFIG_MAPPING["awq"] = AwqConfig
-    _state["act_quant"] = act_quant
-    _state["lm_head"] = lm_head
+    _InductorQuantizer.options = LoadOptions(act_quant, lm_head)

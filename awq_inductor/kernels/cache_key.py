@@ -68,10 +68,10 @@ def _cpuinfo() -> Dict[str, str]:
 def machine(threads: int) -> Dict[str, Any]:
     """What a kernel timing depends on besides the shape: the CPU model and its flags, the thread
     count, torch and this package (version and kernel sources). The key of the tuning cache
-    (kernels/tuner.py): another machine, thread count or build never reads these timings."""
+    (kernels/tuning_cache.py): another machine, thread count or build never reads these timings."""
     import platform
 
-    from .. import __version__
+    from .._version import __version__
     from . import codegen
 
     info = _cpuinfo()
@@ -93,7 +93,7 @@ def describe(isa: str, sources: str, extra: Optional[Dict[str, Any]] = None) -> 
     return {
         "isa": isa,
         "settings": settings(),
-        "threads": int(config.num_threads or torch.get_num_threads()),
+        "threads": config.threads(),
         "cpu": cpu_fingerprint(),
         "sources": sources,
         "torch": torch.__version__,

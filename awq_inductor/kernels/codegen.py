@@ -25,6 +25,7 @@ import torch
 from .. import config
 from ..schemes import OP_SPECS, OPS, Scheme
 from . import isa as isa_mod
+from .plan import BF16_F32_MIN_M
 
 #: Rows / columns of the fp32 accumulator tile handed to ``store`` (``AWQ_TILE_M`` / ``AWQ_TILE_N``).
 TILE_M = 32
@@ -101,14 +102,14 @@ def render_header(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
                   amx_emulate: Optional[bool] = None) -> str:
     """Runtime + the scheme's plan and driver + the micro-kernels it lists for ``isa``.
 
-    ``config.amx_min_m`` and ``config.panel_min_m`` are baked in (they pick the kernels inside the
-    plan). ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to
+    ``config.amx_min_m``, ``config.panel_min_m`` and ``plan.BF16_F32_MIN_M`` are baked in as the
+    defaults of ``awq::Thresholds`` (they pick the kernels inside the plan). ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to
     the scalar tile emulator instead of the ``_tile_*`` intrinsics."""
     isa = isa_mod.check(isa)
     emu = isa_mod.amx_emulated(amx_emulate)
     kw = dict(isa=isa, x_dtype=dtype_name(x_dtype), tile_m=TILE_M, tile_n=TILE_N,
-              amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m), amx_emulate=emu,
-              gcc_target=isa_mod.gcc_target(isa, emu))
+              amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m),
+              bf16_f32_min_m=BF16_F32_MIN_M, amx_emulate=emu, gcc_target=isa_mod.gcc_target(isa, emu))
     names = _RUNTIME + (scheme.header,) + scheme.micro[isa]
     return "\n".join(_render(n, **kw) for n in names)
 

@@ -24,7 +24,7 @@ import dataclasses
 import logging
 import threading
 import warnings
-from typing import Callable, Iterator, List, Optional, Union
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -32,18 +32,49 @@ from .. import config
 
 log = logging.getLogger(__name__)
 
-ISAS = config.ISAS
-_RANK = {"portable": 0, "avx512": 1, "amx": 2}
+class Isa(str):
+    """A micro-kernel ISA: its name (the ``str`` value itself, so it keys caches and compares with
+    ``config.force_isa``) plus what code generation asks of it: rank (capability order), g++ flags,
+    the ``#pragma GCC target`` string, capabilities, and Inductor's matching vector ISA class."""
 
-_AVX512_FLAGS = [
-    "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx512vnni",
-    "-mfma", "-mf16c",
-]
-_AMX_FLAGS = ["-mamx-tile", "-mamx-bf16", "-mamx-int8"]
+    def __new__(cls, name: str, *, rank: int, flags: Tuple[str, ...], gcc_target: str, avx512_bf16: bool,
+                amx: bool, inductor_vec_isa: Optional[str]):
+        self = super().__new__(cls, name)
+        self.name, self.rank, self.flags, self.gcc_target = name, rank, tuple(flags), gcc_target
+        self.avx512_bf16, self.amx, self.inductor_vec_isa = avx512_bf16, amx, inductor_vec_isa
+        return self
+
+    def __reduce__(self):  # pickles (and copies) as its name: the registry holds the one record
+        return (get, (str(self),))
+
+
+_AVX512_FLAGS = ("-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mavx512bf16", "-mavx512vnni",
+                 "-mfma", "-mf16c")
+_AMX_FLAGS = ("-mamx-tile", "-mamx-bf16", "-mamx-int8")
 # ``#pragma GCC target`` around our AVX512 / AMX code so the inlined header compiles under any
 # flag set (Inductor's AVX512 flags lack -mavx512bf16 and, without AMX on the build host, -mamx-*).
 _AVX512_TARGET = "avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx512vnni,fma,f16c"
 _AMX_TARGET = "amx-tile,amx-bf16,amx-int8"
+
+#: The ISAs, least capable first. ``avx512_bf16``: the AVX512-BF16 / VNNI kernels (and the heads'
+#: GEMVs, the attention kernels) compile and run; ``amx``: the AMX tile micro-kernels.
+REGISTRY: Dict[str, Isa] = {i.name: i for i in (
+    Isa("portable", rank=0, flags=(), gcc_target="", avx512_bf16=False, amx=False, inductor_vec_isa=None),
+    Isa("avx512", rank=1, flags=_AVX512_FLAGS, gcc_target=_AVX512_TARGET, avx512_bf16=True, amx=False,
+        inductor_vec_isa="VecAVX512"),
+    Isa("amx", rank=2, flags=_AVX512_FLAGS + _AMX_FLAGS, gcc_target=_AVX512_TARGET + "," + _AMX_TARGET,
+        avx512_bf16=True, amx=True, inductor_vec_isa="VecAMX"),
+)}
+ISAS = tuple(REGISTRY)
+assert set(ISAS) == set(config.ISAS), "config.ISAS names the registered ISAs (config.force_isa choices)"
+
+
+def get(name: str) -> Isa:
+    """The record of ISA ``name``; ValueError naming the ISAs otherwise."""
+    isa = REGISTRY.get(str(name))
+    if isa is None:
+        raise ValueError(f"isa: expected one of {ISAS}, got {name!r}")
+    return isa
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +127,7 @@ def amx_permission() -> bool:
     return _amx_ok
 
 
-def hardware_isa() -> str:
+def hardware_isa() -> Isa:
     """The best of ``amx`` / ``avx512`` / ``portable`` this CPU *and OS* run; decided once per
     process (the messages above are emitted at that moment)."""
     global _decided
@@ -104,7 +135,7 @@ def hardware_isa() -> str:
         return _decided
     with _lock:
         if _decided is None:
-            _decided = _decide(cpu_features())
+            _decided = get(_decide(cpu_features()))
     return _decided
 
 
@@ -125,9 +156,10 @@ def _decide(f: CpuFeatures) -> str:
     return "avx512"
 
 
-def lower_of(a: str, b: str) -> str:
-    """The less capable of two ISA names."""
-    return a if _RANK[a] <= _RANK[b] else b
+def lower_of(a: str, b: str) -> Isa:
+    """The less capable of two ISAs."""
+    a, b = get(a), get(b)
+    return a if a.rank <= b.rank else b
 
 
 @contextlib.contextmanager
@@ -152,10 +184,8 @@ def fake_cpu(features: Optional[CpuFeatures] = None,
             _decided = _amx_ok = None
 
 
-def check(isa: str) -> str:
-    if isa not in ISAS:
-        raise ValueError(f"isa: expected one of {ISAS}, got {isa!r}")
-    return isa
+def check(isa: str) -> Isa:
+    return get(isa)
 
 
 def amx_emulated(amx_emulate: Optional[bool] = None) -> bool:
@@ -163,34 +193,27 @@ def amx_emulated(amx_emulate: Optional[bool] = None) -> bool:
     return bool(config.amx_emulation if amx_emulate is None else amx_emulate)
 
 
-def select(target: Optional[Callable[[], str]] = None) -> str:
+def select(target: Optional[Callable[[], str]] = None) -> Isa:
     """The ISA to generate code for: ``config.force_isa`` if set (asking for the AMX permission
     when that is ``amx`` on an AMX CPU), else :func:`hardware_isa`, capped by ``target()`` (the ISA
     the compiler target supports, e.g. Inductor's) when given."""
     forced = config.force_isa
     if forced is not None:
-        if check(forced) == "amx" and cpu_features().amx_tile:
+        if check(forced).amx and cpu_features().amx_tile:
             amx_permission()
-        return forced
+        return get(forced)
     return hardware_isa() if target is None else lower_of(hardware_isa(), target())
 
 
 def gcc_target(isa: str, amx_emulate: Optional[bool] = None) -> str:
-    """Target string of the ``#pragma GCC target`` wrapping the rendered code ("" for portable)."""
-    check(isa)
-    if isa == "portable":
-        return ""
-    if isa == "amx" and not amx_emulated(amx_emulate):
-        return _AVX512_TARGET + "," + _AMX_TARGET
-    return _AVX512_TARGET
+    """Target string of the ``#pragma GCC target`` wrapping the rendered code ("" for portable); the
+    AMX part is left out when the tile instructions are emulated."""
+    isa = get(isa)
+    return REGISTRY["avx512"].gcc_target if isa.amx and amx_emulated(amx_emulate) else isa.gcc_target
 
 
 def compile_flags(isa: str, amx_emulate: Optional[bool] = None) -> List[str]:
     """ISA flags (g++) the rendered code for ``isa`` needs (on top of -O3 -fopenmp etc.); no AMX
     flags when the tile instructions are emulated (``amx_emulate``, default ``config.amx_emulation``)."""
-    check(isa)
-    if isa == "portable":
-        return []
-    if isa == "avx512" or amx_emulated(amx_emulate):
-        return list(_AVX512_FLAGS)
-    return list(_AVX512_FLAGS) + list(_AMX_FLAGS)
+    isa = get(isa)
+    return list(REGISTRY["avx512"].flags if isa.amx and amx_emulated(amx_emulate) else isa.flags)

@@ -1,11 +1,14 @@
-"""The eager (non-compiled) kernels: render a scheme's ``entry/eager.cpp.j2``, build it once with
-g++, call its entry points through ctypes.
+"""The eager (non-compiled) kernels: render C++ from our templates, build it once with g++, bind
+its entry points through ctypes. One helper for each step, used by every op:
 
-* The ISA is fixed when a kernel is first built (``config.force_isa`` or :func:`isa.select`), never
-  per call; kernels are cached in-process per (op, ISA, dtype, AMX emulation).
-* Shared objects are cached on disk in ``$AWQ_INDUCTOR_CACHE_DIR`` (default
-  ``~/.cache/awq_inductor``) under sha256(source + flags), written atomically (temp + os.replace).
-* A missing compiler or a failed build raises RuntimeError with the compiler output.
+* :func:`build` compiles a source into a shared object cached on disk in ``$AWQ_INDUCTOR_CACHE_DIR``
+  (default ``~/.cache/awq_inductor``) under a key over source, flags, ISA and compiler, written
+  atomically (temp + os.replace); a missing compiler or a failed build raises with the output.
+* :func:`library` loads (once per process) the library of a source; :func:`bind` gives one symbol
+  its signature, written as data next to each kernel (``INT4_MM_ARGS`` here, the others in their op
+  module); :func:`c_function` renders, builds and binds a standalone kernel in one call.
+* The int4 GEMM kernels of a scheme: :func:`get_kernel` (per op, ISA, dtype and AMX emulation, fixed
+  when first built, never per call) and :func:`get_dequant` (the dense candidate's dequantization).
 """
 from __future__ import annotations
 
@@ -14,34 +17,19 @@ import functools
 import os
 import subprocess
 import tempfile
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
 from .. import config
-from ..schemes import OPS, W4A16, Op
-from . import codegen, isa as isa_mod, tuner
+from ..schemes import OPS, SCHEMES, Op, Scheme
+from . import codegen, isa as isa_mod
 from .cache_key import native_key
+from .plan import Plan, default_plan
 from .toolchain import compiler_id, require_cxx
 
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
-
-
-#: The AVX512 flags of the standalone kernels (the heads, decode attention) that use AVX512-BF16.
-AVX512_BF16_FLAGS = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16"]
-
-
-def c_function(template: str, symbol: str, argtypes: list, restype=None, *, flags: List[str], isa: str,
-               **render) -> Callable:
-    """A standalone kernel outside the int4 ops (``csrc_templates/head/*``): render ``template`` with
-    ``isa`` and ``render``, build it (cached on disk like every kernel: the file name is ``symbol``,
-    the ISA and a key over source, flags, ISA and compiler) and return the function ``symbol`` with
-    its ctypes signature."""
-    src = codegen.env().get_template(template).render(isa=isa, **render)
-    fn = getattr(ctypes.CDLL(build(src, flags, name=symbol, isa=isa)), symbol)
-    fn.argtypes = argtypes
-    fn.restype = restype
-    return fn
+VP, I64, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
 def cache_dir() -> str:
@@ -86,45 +74,89 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
 
 
 @functools.lru_cache(maxsize=None)
+def _load(path: str) -> ctypes.CDLL:
+    return ctypes.CDLL(path)
+
+
+def library(source: str, flags: List[str], name: str, isa: Optional[str] = None) -> ctypes.CDLL:
+    """The loaded library of ``source`` (built on first use, see :func:`build`; loaded once)."""
+    return _load(build(source, flags, name=name, isa=isa))
+
+
+def bind(lib: ctypes.CDLL, symbol: str, argtypes: Sequence, restype=None) -> Callable:
+    """``lib.symbol`` with its ctypes signature (argument types as data, ``restype`` None: void)."""
+    fn = getattr(lib, symbol)
+    fn.argtypes = list(argtypes)
+    fn.restype = restype
+    return fn
+
+
+def c_function(template: str, symbol: str, argtypes: Sequence, restype=None, *, flags: List[str], isa: str,
+               **render) -> Callable:
+    """A standalone kernel outside the int4 ops (``csrc_templates/head/*``, ``csrc_templates/attention/*``): render ``template`` with
+    ``isa`` and ``render``, build it (the file name is ``symbol`` and the ISA) and bind ``symbol``."""
+    src = codegen.env().get_template(template).render(isa=isa_mod.get(isa), **render)
+    return bind(library(src, flags, name=symbol, isa=isa), symbol, argtypes, restype)
+
+
+def require_amx_permission(isa: str, emulate: bool, uses_tiles: bool) -> None:
+    """The AMX kernels were selected: the OS must have granted the tile permission (asked once)."""
+    if isa_mod.get(isa).amx and uses_tiles and not emulate and not isa_mod.amx_permission():
+        raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile permission "
+                           "(torch.cpu._init_amx() returned False); set awq_inductor.config.force_isa = 'avx512'")
+
+
+def uses_amx_tiles(scheme: Scheme, x_dtype: torch.dtype) -> bool:
+    """Whether a scheme's AMX kernels run tiles for this activation dtype (W4A16: bf16 only; W4A8: any)."""
+    return scheme.act_quant is not None or x_dtype == torch.bfloat16
+
+
+def emulated(isa: str) -> bool:
+    """AMX running on the scalar tile emulator (``config.amx_emulation``): no permission or -mamx flags."""
+    return isa_mod.get(isa).amx and isa_mod.amx_emulated()
+
+
+def isa_tag(isa: str, emulate: bool) -> str:
+    return isa + ("-emulated" if emulate else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# The int4 GEMM kernels of a scheme (entry/eager.cpp.j2)
+def int4_mm_args(n_weights: int) -> list:
+    """x, M, weights..., bias, out, N, K, G, threads, awq::Thresholds (amx, panel, bf16 -> f32)."""
+    return [VP, I64] + [VP] * n_weights + [VP, VP, I64, I64, I64, INT, I64, I64, I64]
+
+
+#: qweight, scales, zeros, n, K, G, n0, n1, out, threads
+DEQUANT_ARGS = [VP, VP, VP, I64, I64, I64, I64, I64, VP, INT]
+
+
+@functools.lru_cache(maxsize=None)
 def _library(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
     """The shared object of one scheme (all its ops), loaded once and kept alive."""
-    scheme = next(op.scheme for op in OPS.values() if op.scheme.name == scheme_name)
-    if isa == "amx" and not emulate and (scheme is not W4A16 or x_dtype == torch.bfloat16):
-        # the W4A16 AMX path runs for bf16 only; W4A8 uses AMX int8 tiles for any x dtype
-        if not isa_mod.amx_permission():
-            raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
-                               "permission (torch.cpu._init_amx() returned False); "
-                               "set awq_inductor.config.force_isa = 'avx512'")
+    scheme = next(s for s in SCHEMES.values() if s.name == scheme_name)
+    require_amx_permission(isa, emulate, uses_amx_tiles(scheme, x_dtype))
     src = codegen.render_eager(scheme, isa, x_dtype, emulate)
-    so = build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}",
-               isa=isa + ("-emulated" if emulate else ""))
-    return ctypes.CDLL(so)
-
-
-def _entry(op: Op, isa: str, x_dtype: torch.dtype, emulate: bool):
-    fn = getattr(_library(op.scheme.name, isa, x_dtype, emulate), f"{op.c_entry}_{codegen.dtype_name(x_dtype)}")
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    # x, M, weights..., bias, out, N, K, G, threads, awq::Thresholds (amx, panel, bf16 -> f32)
-    fn.argtypes = [vp, i64] + [vp] * len(op.scheme.weights) + [vp, vp, i64, i64, i64, ctypes.c_int, i64, i64, i64]
-    fn.restype = None
-    return fn
+    return library(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}", isa=isa_tag(isa, emulate))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
-    fn = _entry(OPS[name], isa, x_dtype, emulate)
+    op = OPS[name]
+    lib = _library(op.scheme.name, isa, x_dtype, emulate)
+    fn = bind(lib, f"{op.c_entry}_{codegen.dtype_name(x_dtype)}", int4_mm_args(len(op.scheme.weights)))
     empty = torch.empty
 
-    def kernel(x, *args, plan: Optional[tuner.Plan] = None):
+    def kernel(x, *args, plan: Optional[Plan] = None):
         """``plan``: the thresholds that pick the path (default: the constants)."""
         *weights, bias, group_size, out_features = args
         M, K = x.shape
         out = empty((M, out_features), dtype=x.dtype)
         if M:
-            nt = config.num_threads or torch.get_num_threads()
-            th = (plan or tuner.default_plan()).cxx_args()
+            th = (plan or default_plan()).cxx_args()
             fn(x.data_ptr(), M, *(w.data_ptr() for w in weights),
-               bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size, nt, *th)
+               bias.data_ptr() if bias is not None else None, out.data_ptr(), out_features, K, group_size,
+               config.threads(), *th)
         return out
 
     kernel.isa = isa  # type: ignore[attr-defined]
@@ -141,24 +173,19 @@ def amx_emulator_counters(name: str, x_dtype: torch.dtype, reset: bool = True) -
     for ``x_dtype`` (summed over threads since the last reset), and zero them if ``reset``. Tests use
     them to check a blocking's tile traffic; they exist only in emulated builds
     (``config.amx_emulation``), so anything else raises ``RuntimeError``."""
-    lib = _library(OPS[name].scheme.name, "amx", x_dtype, True)
-    fn = lib.awq_amx_emu_counters
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
+    fn = bind(_library(OPS[name].scheme.name, "amx", x_dtype, True), "awq_amx_emu_counters", [VP, INT, INT], INT)
     buf = (ctypes.c_uint64 * len(AMX_EMU_COUNTERS))()
     n = fn(ctypes.addressof(buf), len(AMX_EMU_COUNTERS), int(reset))
     if n != len(AMX_EMU_COUNTERS):
         raise RuntimeError(f"awq_amx_emu_counters: expected {len(AMX_EMU_COUNTERS)} counters, the library has {n}")
     return dict(zip(AMX_EMU_COUNTERS, (int(v) for v in buf)))
 
+
 @functools.lru_cache(maxsize=None)
 def _dequant(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
-    scheme = next(op.scheme for op in OPS.values() if op.scheme.name == scheme_name)
-    fn = getattr(_library(scheme_name, isa, x_dtype, emulate), f"awq_{scheme.op_prefix}_dequant_{codegen.dtype_name(x_dtype)}")
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    # qweight, scales, zeros, N, K, G, n0, n1, out, threads
-    fn.argtypes = [vp, vp, vp, i64, i64, i64, i64, i64, vp, ctypes.c_int]
-    fn.restype = None
+    scheme = next(s for s in SCHEMES.values() if s.name == scheme_name)
+    fn = bind(_library(scheme_name, isa, x_dtype, emulate),
+              f"awq_{scheme.op_prefix}_dequant_{codegen.dtype_name(x_dtype)}", DEQUANT_ARGS)
 
     def dequant(qweight, scales, zeros, n: int, n0: int, n1: int, out: torch.Tensor) -> torch.Tensor:
         """Packed columns [n0, n1) of an ``n``-column weight -> ``out[: n1 - n0]`` ([>= n1 - n0, K],
@@ -169,8 +196,7 @@ def _dequant(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) ->
                 or out.dim() != 2 or out.shape[1] != K or out.shape[0] < n1 - n0:
             raise ValueError(f"dequant: expected 0 <= n0 < n1 <= {n}, n0 % 32 == 0 and a contiguous {x_dtype} "
                              f"out [>= n1 - n0, {K}], got n0={n0}, n1={n1}, out {out.dtype} {list(out.shape)}")
-        nt = config.num_threads or torch.get_num_threads()
-        fn(qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), n, K, G, n0, n1, out.data_ptr(), nt)
+        fn(qweight.data_ptr(), scales.data_ptr(), zeros.data_ptr(), n, K, G, n0, n1, out.data_ptr(), config.threads())
         return out
 
     return dequant
@@ -180,7 +206,7 @@ def get_dequant(scheme_name: str, x_dtype: torch.dtype, isa: Optional[str] = Non
     """The scheme's dense dequantization (``runtime/dense.h.j2``), from the same shared object as
     its kernels: ``dequant(qweight, scales, zeros, n, n0, n1, out)`` (n: packed columns)."""
     isa = isa_mod.select() if isa is None else isa_mod.check(isa)
-    return _dequant(scheme_name, isa, x_dtype, isa == "amx" and isa_mod.amx_emulated())
+    return _dequant(scheme_name, isa, x_dtype, emulated(isa))
 
 
 def forget_kernels() -> None:
@@ -189,18 +215,16 @@ def forget_kernels() -> None:
     _kernel.cache_clear()
     _dequant.cache_clear()
     _library.cache_clear()
+    _load.cache_clear()
 
 
 def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Callable:
     """The eager kernel of ``awq::<name>`` for activations of ``x_dtype``, built once per
     (op, ISA, dtype, AMX emulation) and cached. The returned callable takes the op's arguments
-    ``(x, *weights, bias, group_size, out_features)``, already validated (``ops.check_args``),
-    ``x`` contiguous, and the keyword ``plan`` (a ``tuner.Plan``: the C++ path thresholds;
-    ``plan.dense_min_m`` is the caller's business, see ``ops``)."""
+    ``(x, *weights, bias, group_size, out_features)``, already validated (``ops.int4_mm.check_args``),
+    ``x`` contiguous, and the keyword ``plan`` (a ``plan.Plan``: the C++ path thresholds;
+    ``plan.dense_min_m`` is the caller's business, see ``ops.int4_mm``)."""
     isa = isa_mod.select() if isa is None else isa_mod.check(isa)
-    # With config.amx_emulation the AMX micro-kernels run on the scalar tile emulator, so neither
-    # AMX permission nor -mamx flags are needed.
-    emulate = isa == "amx" and isa_mod.amx_emulated()
     # threads racing to a first call may both build: the on-disk write is atomic and the loader
     # returns the same library, so no lock is needed
-    return _kernel(name, isa, x_dtype, emulate)
+    return _kernel(name, isa, x_dtype, emulated(isa))

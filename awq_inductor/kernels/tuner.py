@@ -5,7 +5,7 @@ The drivers pick a kernel path per call from M and a few row thresholds (``awq::
 kernel below ``bf16_f32_min_m``, the dequantize-once panel kernels from ``panel_min_m`` (fp32 FMA
 on exact weights for fp32 / fp16 x; for bf16 x a bf16 GEMM loop on weights dequantized to bf16
 once per M block, the dense candidate's numerics without its DRAM round trip). On top
-of them, from ``dense_min_m`` rows a call runs :func:`dense_call`, the "never slower than dense"
+of them, from ``dense_min_m`` rows a call runs :func:`~awq_inductor.kernels.dense.dense_call`, the "never slower than dense"
 candidate: blocks of packed columns dequantized exactly into x's dtype by our C++
 (``runtime/dense.h.j2``), each followed by the dense GEMM (``F.linear``: oneDNN). A :class:`Plan` is those four
 numbers for one (scheme, op, ISA, x dtype, K, N, G) on one machine (``cache_key.machine``: CPU model
@@ -36,25 +36,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import logging
 import os
-import tempfile
-import threading
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
-from .. import config
 from ..schemes import W4A8, Op
-from . import cache_key
+from . import dense, native
+from .plan import NEVER, Plan, candidates, default_plan, path_for
 
 log = logging.getLogger(__name__)
 
-#: "never": a threshold no M reaches.
-NEVER = 1 << 40
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 #: The wide slice of the two-point fit (kernel_timer), full K: 4 tiles of 64 per thread at 2
 #: threads. The large-M buckets dominate the tuning time, linearly in this.
@@ -78,179 +72,6 @@ MIN_GAIN = 1.03
 #: rows on is dropped (below that, timings of a few microseconds on a shared machine are noise).
 DROP_RATIO = 2.0
 DROP_MIN_M = 32
-BF16_F32_MIN_M = 9  # = csrc_templates/runtime/driver.h.j2 Thresholds::bf16_f32_min_m
-THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """Rows from which each path is taken (see the module docstring); ``source`` says where the
-    plan came from (``default`` | ``forced`` | ``cached`` | ``tuned``)."""
-
-    amx_min_m: int
-    panel_min_m: int
-    bf16_f32_min_m: int
-    dense_min_m: int = NEVER
-    source: str = "default"
-
-    def cxx_args(self) -> Tuple[int, int, int]:
-        """The ``awq::Thresholds`` fields, in order."""
-        return (self.amx_min_m, self.panel_min_m, self.bf16_f32_min_m)
-
-    def cxx(self) -> str:
-        return ", ".join(str(v) for v in self.cxx_args())
-
-    def thresholds(self) -> Dict[str, int]:
-        return {k: getattr(self, k) for k in THRESHOLDS}
-
-
-def default_plan() -> Plan:
-    """The constants (``config.amx_min_m``, ``config.panel_min_m``, bf16 -> fp32 from 9 rows: the
-    decode kernel reads the weights once for up to 8 rows, no dense)."""
-    return Plan(int(config.amx_min_m), int(config.panel_min_m), BF16_F32_MIN_M)
-
-
-def forced_plan(values: dict) -> Plan:
-    unknown = set(values) - set(THRESHOLDS)
-    if unknown:
-        raise ValueError(f"config.kernel_plan: expected keys among {THRESHOLDS}, got {sorted(unknown)}")
-    return dataclasses.replace(default_plan(), source="forced", **{k: int(v) for k, v in values.items()})
-
-
-# ---------------------------------------------------------------------------------------------
-# Which path a plan takes (mirrors the drivers' checks)
-def path_for(plan: Plan, op: Op, isa: str, x_dtype: torch.dtype, M: int) -> str:
-    """The kernel path ``plan`` selects for M rows: ``dense``, ``amx``, ``decode_bf16``,
-    ``f32_rows``, ``panel`` (W4A16), ``vnni`` (W4A8) or ``portable``."""
-    if M >= plan.dense_min_m:
-        return "dense"
-    if isa == "portable":
-        return "portable"
-    if op.scheme is W4A8:
-        return "amx" if isa == "amx" and M >= plan.amx_min_m else "vnni"
-    if x_dtype == torch.bfloat16:
-        if isa == "amx" and M >= plan.amx_min_m:
-            return "amx"
-        if M < plan.bf16_f32_min_m:
-            return "decode_bf16"
-    return "panel" if M >= plan.panel_min_m else "f32_rows"
-
-
-def candidates(op: Op, isa: str, x_dtype: torch.dtype) -> Dict[str, Plan]:
-    """Path name -> a plan forcing that path for every M (``dense`` always among them)."""
-    n = NEVER
-    out = {"dense": Plan(n, n, n, 0)}
-    if isa == "portable":
-        return {"portable": Plan(n, n, n), **out}
-    if op.scheme is W4A8:
-        out["vnni"] = Plan(n, n, n)
-        if isa == "amx":
-            out["amx"] = Plan(0, n, n)
-        return out
-    if x_dtype == torch.bfloat16:
-        out["decode_bf16"] = Plan(n, n, n)
-        if isa == "amx":
-            out["amx"] = Plan(0, n, n)
-    out["f32_rows"] = Plan(n, n, 0)
-    out["panel"] = Plan(n, 0, 0)
-    return out
-
-
-def choose(op: Op, isa: str, x_dtype: torch.dtype, times: Dict[str, Dict[int, float]]) -> Plan:
-    """The thresholds minimising sum over buckets of time(selected path) / time(best path)
-    (``times``: path -> {M: seconds}; a path missing at an M counts as 10x the best). Ties go to
-    the larger thresholds (the paths for small M); the constants stay unless the best plan beats
-    them by ``MIN_GAIN``."""
-    ms = sorted({m for t in times.values() for m in t})
-    best = {m: min(t[m] for t in times.values() if m in t) for m in ms}
-
-    def cost(plan: Plan) -> float:
-        return sum(times.get(path_for(plan, op, isa, x_dtype, m), {}).get(m, 10 * best[m]) / best[m] for m in ms)
-
-    values = sorted(set(ms) | {0, NEVER})
-    free = _free_thresholds(op, isa, x_dtype)
-    base = dataclasses.replace(default_plan(), source="tuned")
-    best_plan, best_cost, best_combo = base, float("inf"), ()
-    for combo in itertools.product(values, repeat=len(free)):
-        plan = dataclasses.replace(base, **dict(zip(free, combo)))
-        c = cost(plan)
-        if c < best_cost - 1e-9 or (abs(c - best_cost) <= 1e-9 and combo > best_combo):
-            best_plan, best_cost, best_combo = plan, c, combo
-    return base if cost(base) <= best_cost * MIN_GAIN else best_plan
-
-
-def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
-    """The thresholds that change the path for this scheme, ISA and dtype."""
-    if isa == "portable":
-        return ("dense_min_m",)
-    if op.scheme is W4A8:
-        return ("amx_min_m", "dense_min_m") if isa == "amx" else ("dense_min_m",)
-    out = ("amx_min_m",) if isa == "amx" and x_dtype == torch.bfloat16 else ()
-    out += ("bf16_f32_min_m",) if x_dtype == torch.bfloat16 else ()
-    return out + ("panel_min_m", "dense_min_m")
-
-
-# ---------------------------------------------------------------------------------------------
-# The dense candidate (also what the eager op runs from plan.dense_min_m rows)
-#: Bytes of one dequantized weight block of the dense candidate (x's dtype, [columns, K]). Each
-#: block costs three OpenMP regions (dequantization, GEMM, copy into the output), and on the shared
-#: 2-vCPU Zen 4 VM (load 4-7) every region waits for a preempted thread: bf16, M = 128-512, dense /
-#: F.linear of the pre-dequantized weight was 1.07-1.11 (4096 x 4096) with 4 MiB blocks at load 4
-#: but 1.8-5.2 with 2-8 MiB blocks at load 7, against 1.06-1.28 for one block (the whole weight).
-#: Large blocks keep the region count at 1-6 per call for the Llama-7B shapes; the per-block GEMM
-#: itself loses under 2% from 256 columns on (4096 x 4096, M = 128 and 512, idle).
-DENSE_BLOCK_BYTES = 32 << 20
-_dense_buffers = threading.local()
-
-
-def dense_block_columns(K: int, itemsize: int, block_bytes: Optional[int] = None) -> int:
-    """Packed columns per block: a multiple of 64 (a gate|up block holds whole gate + up panel
-    pairs), at least 64."""
-    return max(64, (block_bytes or DENSE_BLOCK_BYTES) // (K * itemsize) // 64 * 64)
-
-
-def _block_buffer(rows: int, K: int, dtype: torch.dtype) -> torch.Tensor:
-    """A per-thread [rows, K] buffer, reused across calls (a fresh allocation of many MiB per call is an
-    mmap and page faults; concurrent callers on other threads get their own)."""
-    bufs = getattr(_dense_buffers, "bufs", None)
-    if bufs is None:
-        bufs = _dense_buffers.bufs = {}
-    buf = bufs.get(dtype)
-    if buf is None or buf.numel() < rows * K:
-        buf = bufs[dtype] = torch.empty(rows * K, dtype=dtype)
-    return buf[: rows * K].view(rows, K)
-
-
-def dense_call(op: Op, x: torch.Tensor, *args, block_bytes: Optional[int] = None) -> torch.Tensor:
-    """Blockwise dense: for each block of packed columns, the C++ dequantization
-    (``runtime/dense.h.j2``, exact: (q - z) * s rounded once to x's dtype) into a reused buffer,
-    then ``F.linear`` in x's dtype (oneDNN) with the block's bias, and for the gate|up op
-    ``silu(gate) * up`` of the block's interleaved 32-column panel pairs. Never slower than the
-    dense model by more than the dequantization, which runs from cache, not DRAM."""
-    from . import native
-
-    *weights, bias, group_size, out_features = args
-    qweight, scales, zeros = weights[:3]
-    n, cpo = op.columns(out_features), op.spec.columns_per_output
-    M, K = x.shape
-    deq = native.get_dequant(op.scheme.name, x.dtype)
-    nb = min(n, dense_block_columns(K, x.element_size(), block_bytes))
-    buf = _block_buffer(nb, K, x.dtype)
-    b = None if bias is None else bias.to(x.dtype)
-    y = None if nb >= n else torch.empty(M, out_features, dtype=x.dtype)
-    for n0 in range(0, n, nb):
-        n1 = min(n, n0 + nb)
-        yb = F.linear(x, deq(qweight, scales, zeros, n, n0, n1, buf)[: n1 - n0], None if b is None else b[n0:n1])
-        if cpo == 2:  # panels alternate gate (32 columns), up (32 columns), from n0 % 64 == 0;
-            # SiLU * mul in fp32 and one rounding, as the C++ epilogue (epilogues/silu_mul.h.j2)
-            yb = yb.view(M, -1, 2, 32).float()
-            yb = (F.silu(yb[:, :, 0]) * yb[:, :, 1]).reshape(M, -1).to(x.dtype)
-        if y is None:
-            return yb
-        y[:, n0 // cpo: n1 // cpo] = yb
-    return y
-
-
 # ---------------------------------------------------------------------------------------------
 # Measuring
 Timer = Callable[[str, Plan, int], float]
@@ -272,8 +93,6 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     an M x K copy of x per call, which a single 256-column slice overweighted 20-40x at N = 11008
     (the slice picked the bf16 decode kernel for M = 2048, 1.2x slower than the panel path at
     full size)."""
-    from . import native
-
     n_full = op.columns(out_features)
     cpo = op.spec.columns_per_output
     wide = min(out_features, max(32, TUNE_COLUMNS // cpo))
@@ -286,7 +105,7 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     def run(path: str, plan: Plan, M: int, n: int):
         x = xs[M]
         if path == "dense":
-            return dense_call(op, x, *slices[n], None, G, n)
+            return dense.dense_call(op, x, *slices[n], None, G, n)
         return kern(x, *slices[n], None, G, n, plan=plan)
 
     warmed = set()
@@ -386,232 +205,35 @@ def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int
     return plan, {p: {str(m): round(t * 1e3, 4) for m, t in tm.items()} for p, tm in times.items()}
 
 
-# ---------------------------------------------------------------------------------------------
-# The on-disk cache and the per-process plans
-def shape_key(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int) -> str:
-    return f"{op.name}/{isa}/{str(x_dtype).replace('torch.', '')}/K{K}/N{op.columns(out_features)}/G{G}"
+def choose(op: Op, isa: str, x_dtype: torch.dtype, times: Dict[str, Dict[int, float]]) -> Plan:
+    """The thresholds minimising sum over buckets of time(selected path) / time(best path)
+    (``times``: path -> {M: seconds}; a path missing at an M counts as 10x the best). Ties go to
+    the larger thresholds (the paths for small M); the constants stay unless the best plan beats
+    them by ``MIN_GAIN``."""
+    ms = sorted({m for t in times.values() for m in t})
+    best = {m: min(t[m] for t in times.values() if m in t) for m in ms}
+
+    def cost(plan: Plan) -> float:
+        return sum(times.get(path_for(plan, op, isa, x_dtype, m), {}).get(m, 10 * best[m]) / best[m] for m in ms)
+
+    values = sorted(set(ms) | {0, NEVER})
+    free = _free_thresholds(op, isa, x_dtype)
+    base = dataclasses.replace(default_plan(), source="tuned")
+    best_plan, best_cost, best_combo = base, float("inf"), ()
+    for combo in itertools.product(values, repeat=len(free)):
+        plan = dataclasses.replace(base, **dict(zip(free, combo)))
+        c = cost(plan)
+        if c < best_cost - 1e-9 or (abs(c - best_cost) <= 1e-9 and combo > best_combo):
+            best_plan, best_cost, best_combo = plan, c, combo
+    return base if cost(base) <= best_cost * MIN_GAIN else best_plan
 
 
-def threads() -> int:
-    return int(config.num_threads or torch.get_num_threads())
-
-
-def cache_path(n_threads: Optional[int] = None) -> str:
-    """``<cache dir>/tuning/<machine key>.json`` (cache dir: ``$AWQ_INDUCTOR_CACHE_DIR`` or
-    ``~/.cache/awq_inductor``)."""
-    from .native import cache_dir
-
-    return os.path.join(cache_dir(), "tuning", cache_key.machine_key(n_threads or threads()) + ".json")
-
-
-def _read(path: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return {"plans": {}}
-    except (OSError, ValueError) as e:
-        log.warning("awq_inductor: ignoring the unreadable tuning cache %s (%s); it will be rewritten", path, e)
-        return {"plans": {}}
-    if not isinstance(data.get("plans"), dict):
-        log.warning("awq_inductor: ignoring the tuning cache %s: no 'plans' object", path)
-        return {"plans": {}}
-    return data
-
-
-def _write(path: str, data: dict) -> None:
-    """Atomically (temp file + os.replace): concurrent readers see the old or the new file."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=os.path.dirname(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-_lock = threading.Lock()
-_memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
-
-
-def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None) -> None:
-    """Add one shape's plan to the cache file (read, merge, atomic write) and to this process."""
-    path = cache_path(n_threads)
-    with _lock:
-        data = _read(path)
-        data["machine"] = cache_key.machine(n_threads or threads())
-        data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "times_ms": times}
-        _write(path, data)
-        _memo[(n_threads or threads(), key)] = dataclasses.replace(plan, source="tuned")
-
-
-def _is_noisy(path: str, key: str) -> bool:
-    return bool(_read(path)["plans"].get(key, {}).get("noisy"))
-
-
-def _cached(path: str, key: str) -> Optional[Plan]:
-    entry = _read(path)["plans"].get(key)
-    if entry is None:
-        return None
-    try:
-        return Plan(**{k: int(entry[k]) for k in THRESHOLDS}, source="cached")
-    except (KeyError, TypeError, ValueError):
-        log.warning("awq_inductor: ignoring the malformed tuning entry %s in %s", key, path)
-        return None
-
-
-def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int) -> Plan:
-    """The plan the kernels of this shape use (see the module docstring); memoised per process."""
-    if config.kernel_plan is not None:
-        return forced_plan(config.kernel_plan)
-    from . import isa as isa_mod
-
-    if config.tune == "off" or isa == "portable" or (isa == "amx" and isa_mod.amx_emulated()):
-        return default_plan()
-    key = shape_key(op, isa, x_dtype, K, out_features, G)
-    plan = _memo.get((threads(), key))
-    if plan is not None:
-        return plan
-    path = cache_path()
-    plan = _cached(path, key)
-    if plan is None and config.tune == "auto":
-        t0 = time.perf_counter()
-        plan, times = tune_shape(op, isa, x_dtype, K, out_features, G)
-        store(key, plan, times)
-        if plan.source != "noisy":  # (tune_shape has said why it kept the constants)
-            log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
-                        key, time.perf_counter() - t0, plan.thresholds(), path)
-    if plan is None:
-        return default_plan()
-    _memo[(threads(), key)] = plan
-    return plan
-
-
-def cache_digest() -> str:
-    """sha256 of this machine's tuning cache file ("" without one): part of the FX cache key."""
-    import hashlib
-
-    try:
-        with open(cache_path(), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return ""
-
-
-def forget() -> None:
-    """Drop the per-process plans (tests: the next lookup reads the cache again)."""
-    with _lock:
-        _memo.clear()
-    cache_key.machine_key.cache_clear()
-
-
-# ---------------------------------------------------------------------------------------------
-# Shapes of a model, for ``python -m awq_inductor tune``
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    op: Op
-    K: int
-    out_features: int
-    G: int
-
-
-def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Shape]:
-    """The distinct int4 op shapes of a Llama-style decoder (fused qkv, o, gate|up + SiLU, down; the
-    experts' gate|up and down of a Qwen-MoE, whose ``moe_intermediate_size`` and
-    ``shared_expert_intermediate_size`` name them; Mixtral's experts have ``intermediate_size``)
-    from its ``config.json``; G from ``quantization_config.group_size`` (-1: K)."""
-    from ..schemes import GATE_UP_SILU, LINEAR, op_for
-
-    try:
-        h, inter = int(config_json["hidden_size"]), int(config_json["intermediate_size"])
-        hq = int(config_json["num_attention_heads"])
-    except KeyError as e:
-        raise ValueError(f"config.json: expected hidden_size, intermediate_size and num_attention_heads, "
-                         f"missing {e}") from None
-    hkv = int(config_json.get("num_key_value_heads") or hq)
-    d = int(config_json.get("head_dim") or h // hq)
-    g = int((config_json.get("quantization_config") or {}).get("group_size", 128))
-    lin, gu = op_for(act_quant, LINEAR), op_for(act_quant, GATE_UP_SILU)
-    dims = [(lin, h, (hq + 2 * hkv) * d), (lin, hq * d, h), (gu, h, inter), (lin, inter, h)]
-    # sparse-MoE experts (moe.expert_plans looks up these two dense-op shapes) and a shared expert
-    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):
-        if config_json.get(key):
-            dims += [(gu, h, int(config_json[key])), (lin, int(config_json[key]), h)]
-    out, seen = [], set()
-    for op, K, n in dims:
-        s = Shape(op, K, n, K if g == -1 else g)
-        if (op.name, K, n, s.G) not in seen:
-            seen.add((op.name, K, n, s.G))
-            out.append(s)
-    return out
-
-
-def parse_shapes(text: str, G: int, act_quant: Optional[str] = None) -> List[Shape]:
-    """``"4096x4096,4096x11008"`` -> linear-op shapes (K x N)."""
-    from ..schemes import LINEAR, op_for
-
-    out = []
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        try:
-            K, N = (int(v) for v in item.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"--shapes: expected KxN items like 4096x11008, got {item!r}") from None
-        out.append(Shape(op_for(act_quant, LINEAR), K, N, G))
-    return out
-
-
-def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = None, show: Optional[bool] = None,
-                retune: bool = False) -> List[Tuple[Shape, Plan]]:
-    """Fill the cache for ``shapes`` (a progress bar on a terminal); shapes already cached are
-    kept unless ``retune``."""
-    from ..progress import track
-    from . import isa as isa_mod
-
-    isa = isa or isa_mod.select()
-    out = []
-    for s in track(shapes, "tuning kernels", show=show, unit="shape"):
-        key = shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-        plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key)
-        if plan is None:
-            plan, times = tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-            store(key, plan, times)
-        out.append((s, plan))
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# python -m awq_inductor tune
-def main(argv=None) -> int:
-    """``python -m awq_inductor tune --model DIR | --shapes KxN,...``: fill the tuning cache."""
-    import argparse
-
-    from ..kernels.codegen import dtype_name
-
-    p = argparse.ArgumentParser(prog="python -m awq_inductor tune", description=main.__doc__)
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", help="a checkpoint folder (its config.json: Llama-style shapes)")
-    src.add_argument("--shapes", metavar="KxN,...", help="linear shapes, e.g. 4096x4096,4096x11008")
-    p.add_argument("--group-size", type=int, default=128, help="G for --shapes (default 128)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--act-quant", default=None, choices=["int8"], help="tune the W4A8 ops instead")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--retune", action="store_true", help="measure again shapes that are already cached")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    if a.model:
-        with open(os.path.join(a.model, "config.json")) as f:
-            shapes = model_shapes(json.load(f), a.act_quant)
-    else:
-        shapes = parse_shapes(a.shapes, a.group_size, a.act_quant)
-    dtype = getattr(torch, dtype_name(a.dtype))
-    t0 = time.perf_counter()
-    done = tune_shapes(shapes, dtype, retune=a.retune)
-    print(f"tuned {len(done)} shape(s) in {time.perf_counter() - t0:.1f} s, {threads()} threads -> {cache_path()}")
-    for s, plan in done:
-        th = ", ".join(f"{k}={'never' if v >= NEVER else v}" for k, v in plan.thresholds().items())
-        print(f"  {s.op.name} K={s.K} N={s.out_features} G={s.G}: {th} ({plan.source})")
-    return 0
+def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
+    """The thresholds that change the path for this scheme, ISA and dtype."""
+    if isa == "portable":
+        return ("dense_min_m",)
+    if op.scheme is W4A8:
+        return ("amx_min_m", "dense_min_m") if isa == "amx" else ("dense_min_m",)
+    out = ("amx_min_m",) if isa == "amx" and x_dtype == torch.bfloat16 else ()
+    out += ("bf16_f32_min_m",) if x_dtype == torch.bfloat16 else ()
+    return out + ("panel_min_m", "dense_min_m")

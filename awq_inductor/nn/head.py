@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .. import bf16_head, int8_head
+from ..ops import head_bf16 as bf16_head, head_int8 as int8_head
 
 #: ``convert(model, lm_head=...)``: None keeps the loaded head as it is, "bf16" (the default) runs a
 #: bf16 head through our GEMV at decode, "int8" quantizes it per channel.

@@ -86,7 +86,7 @@ class _PackedInt4(nn.Module):
         if act_quant == self.act_quant:
             return self
         new = self._from_canonical_like(*self.canonical(), self.canonical_bias(), act_quant)
-        if hasattr(self, "awq_source"):
+        if getattr(self, "awq_source", None) is not None:
             new.awq_source = self.awq_source
         return new
 

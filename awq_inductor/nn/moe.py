@@ -13,21 +13,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from .. import formats, moe as _moe, packing
+from .. import formats, packing
+from ..ops import moe as _moe
+from ..families import DEFAULT_EXPERT_NAMES, FUSED_EXPERT_NAMES
 from ..schemes import moe_op_for
 from .linear import AWQLinear
 
 Canonical = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-#: per-expert checkpoint names (gate, up, down): transformers' experts class -> names
-EXPERT_NAMES = {
-    "Qwen3MoeExperts": ("gate_proj", "up_proj", "down_proj"),
-    "Qwen2MoeExperts": ("gate_proj", "up_proj", "down_proj"),
-    "MixtralExperts": ("w1", "w3", "w2"),
-}
-#: module names of the fused 3-D layout (transformers 5's own parameter names, every architecture)
-FUSED_NAMES = ("gate_up_proj", "down_proj")
-
-
 class AWQMoEExperts(nn.Module):
     """E experts (SiLU(gate) * up, then down, no biases) packed for ``awq::int4_moe`` (W4A16) or
     ``awq::int4_moe_a8`` (``act_quant="int8"``). Buffers ``w13_*`` (gate|up of every expert, panels
@@ -113,7 +105,7 @@ class AWQMoEExperts(nn.Module):
         parts = [self.expert_canonical(e) for e in range(self.num_experts)]
         new = type(self).from_canonical([p[0] for p in parts], [p[1] for p in parts], group_size=self.group_size,
                                         act_quant=act_quant)
-        if hasattr(self, "awq_source"):
+        if getattr(self, "awq_source", None) is not None:
             new.awq_source = self.awq_source
         return new
 
@@ -154,14 +146,14 @@ class CheckpointMoEExperts(nn.Module):
     this module with :class:`AWQMoEExperts`."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 names: Tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"), fused: bool = False):
+                 names: Tuple[str, str, str] = DEFAULT_EXPERT_NAMES, fused: bool = False):
         super().__init__()
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.names = tuple(names)
         self.fused = fused
         if fused:
-            for name, k, n in ((FUSED_NAMES[0], hidden_size, 2 * intermediate_size),
-                               (FUSED_NAMES[1], intermediate_size, hidden_size)):
+            for name, k, n in ((FUSED_EXPERT_NAMES[0], hidden_size, 2 * intermediate_size),
+                               (FUSED_EXPERT_NAMES[1], intermediate_size, hidden_size)):
                 lin = nn.Linear(k, n, bias=False)
                 lin.awq_num_experts = num_experts
                 self.add_module(name, lin)

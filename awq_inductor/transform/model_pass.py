@@ -38,7 +38,7 @@
    act_quant="int8" its W4A8 twin ``awq::int4_mm_a8_silu_mul``: gate and up
    32-column panels interleaved, SiLU(gate) * up computed on the GEMM's fp32 tiles, further
    pointwise epilogues still fuse under Inductor) and a class swap to ``down_proj(gate_up_proj(x))``.
-   ``gate_proj`` / ``up_proj`` are removed; ``awq_source["parts"]`` lets
+   ``gate_proj`` / ``up_proj`` are removed; ``awq_source.parts`` lets
    :func:`checkpoint_state_dict` write them (or Phi-3's ``gate_up_proj``) back. Other MLPs (other
    activations, I % 32 != 0) keep the plain gate|up fusion, whose SiLU * mul runs as a separate
    Inductor kernel. A later ``convert(model, act_quant=...)`` repacks these modules like every
@@ -59,18 +59,14 @@ import torch
 from torch import nn
 
 from .. import formats, packing
+from ..families import FUSIONS, GATED_MLP_BODIES
+from ..formats import CheckpointSource, source_of
 from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
+from ..nn.checkpoint import to_awq_linear
 from ..nn.head import LM_HEAD_CHOICES, quantize_lm_head
 from ..progress import track
 from ..schemes import scheme_for
 from . import load_memory, moe as moe_pass
-
-
-#: (fused attribute, parts in output order)
-FUSIONS = (
-    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-    ("gate_up_proj", ("gate_proj", "up_proj")),
-)
 
 
 class OutputSlice(nn.Module):
@@ -89,67 +85,11 @@ class OutputSlice(nn.Module):
         return f"{self.fused}[..., {self.start}:{self.stop}]"
 
 
-# ---------------------------------------------------------------------------------------------
-# Recognising int4 modules
-# ---------------------------------------------------------------------------------------------
-def _is_placeholder(mod: nn.Module) -> bool:
-    return isinstance(mod, CheckpointInt4Linear)
-
-
 def is_foreign_int4_linear(mod: nn.Module) -> bool:
-    """gptqmodel / AutoAWQ / llm-awq style int4 linear (duck typed)."""
-    if isinstance(mod, AWQLinear) or _is_placeholder(mod):
+    """gptqmodel / AutoAWQ / llm-awq style int4 linear (duck typed, :mod:`awq_inductor.formats`)."""
+    if isinstance(mod, (AWQLinear, CheckpointInt4Linear)):
         return False
-    has_t = all(isinstance(getattr(mod, n, None), torch.Tensor) for n in ("qweight", "qzeros", "scales"))
-    bits = getattr(mod, "w_bit", getattr(mod, "bits", None))
-    return has_t and bits is not None and hasattr(mod, "group_size")
-
-
-def _foreign_format(mod: nn.Module) -> str:
-    name = type(mod).__name__.lower().replace("_", "")
-    if any(t in name for t in ("gemvfast", "llmawq")) or mod.qweight.dtype == torch.int16:
-        return "gemv_fast"
-    if "gemv" in name:
-        return "gemv"
-    if "awq" in name or "wqlinear" in name:
-        return "gemm"
-    qzf = getattr(mod, "qzero_format", None)
-    if callable(qzf):
-        try:
-            return "gptq_v2" if qzf() == 2 else "gptq"
-        except Exception:  # noqa: BLE001 - foreign API, best effort
-            pass
-    return "gptq"
-
-
-def _to_awq_linear(mod: nn.Module) -> AWQLinear:
-    if _is_placeholder(mod):
-        fmt = mod.format
-        new = mod.to_awq_linear()
-    else:
-        bits = getattr(mod, "w_bit", getattr(mod, "bits", None))
-        if bits != 4:
-            raise NotImplementedError(f"{type(mod).__name__}: only 4-bit int4 linears are supported, got {bits} bits")
-        fmt = _foreign_format(mod)
-        in_f = getattr(mod, "in_features", None)
-        if in_f is None:
-            in_f = mod.qweight.shape[0] * 8 if fmt.startswith("gptq") else formats.infer_shape(mod.qweight, fmt)[0]
-        gs = int(mod.group_size)
-        gs = in_f if gs in (-1, 0) else gs
-        bias = getattr(mod, "bias", None)
-        bias = bias if isinstance(bias, torch.Tensor) else None
-        if fmt.startswith("gptq"):
-            new = AWQLinear.from_gptq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, format=fmt)
-        else:
-            new = AWQLinear.from_awq(mod.qweight, mod.qzeros, mod.scales, bias, group_size=gs, format=fmt)
-    bias = getattr(mod, "bias", None)
-    new.awq_source = {
-        "format": fmt,
-        "scales_dtype": mod.scales.dtype,
-        "bias_dtype": bias.dtype if isinstance(bias, torch.Tensor) else None,
-        "parts": None,  # unfused: the module itself
-    }
-    return new
+    return formats.is_foreign_int4_linear(mod)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,10 +173,10 @@ def fusion_blocker(mods: List[AWQLinear]) -> Optional[str]:
             return "different in_features"
         if m.group_size != first.group_size:
             return "different group sizes"
-        sa, sb = getattr(first, "awq_source", {}) or {}, getattr(m, "awq_source", {}) or {}
-        if sa.get("format") != sb.get("format"):
+        sa, sb = source_of(first), source_of(m)
+        if sa.format != sb.format:
             return "different checkpoint formats"
-        if sa.get("scales_dtype") != sb.get("scales_dtype"):
+        if sa.scales_dtype != sb.scales_dtype:
             return "different scales dtypes"
     return None
 
@@ -255,16 +195,16 @@ def fuse_linears(mods: List[AWQLinear], names: List[str]) -> AWQLinear:
     bias = torch.cat(bs) if any_bias else None
     fused = AWQLinear.from_canonical(torch.cat(qs), torch.cat(zs), torch.cat(ss), bias, group_size=mods[0].group_size,
                                    act_quant=mods[0].act_quant)
-    src0 = getattr(mods[0], "awq_source", None) or {}
-    bias_dtype = next((getattr(m, "awq_source", {}).get("bias_dtype") for m in mods
-                       if getattr(m, "awq_source", {}).get("bias_dtype") is not None), None)
-    fused.awq_source = {
-        "format": src0.get("format"),
-        "scales_dtype": src0.get("scales_dtype"),
-        "bias_dtype": bias_dtype,
-        "parts": [(n, m.out_features, m.bias is not None) for n, m in zip(names, mods)],
-    }
+    fused.awq_source = _fused_source(mods, names)
     return fused
+
+
+def _fused_source(mods: List[nn.Module], names) -> CheckpointSource:
+    """The parts' source as one fused module's: format and scales dtype of the first, the first
+    bias dtype any part stored, the parts in output order."""
+    bias_dtype = next((source_of(m).bias_dtype for m in mods if source_of(m).bias_dtype is not None), None)
+    return source_of(mods[0]).replace(bias_dtype=bias_dtype, parts=tuple(
+        (n, m.out_features, m.bias is not None) for n, m in zip(names, mods)))
 
 
 def _fuse_module(module: nn.Module, fused_attr: str, parts: Tuple[str, ...]) -> bool:
@@ -291,24 +231,6 @@ def _fuse_module(module: nn.Module, fused_attr: str, parts: Tuple[str, ...]) -> 
 # ---------------------------------------------------------------------------------------------
 # Gated MLP: SiLU(gate) * up fused into the gate|up int4 GEMM (awq::int4_mm_silu_mul)
 # ---------------------------------------------------------------------------------------------
-#: Forward bodies (after :func:`_normalized_body`) recognised as a SiLU-gated MLP:
-#: (kind, activation attribute, body). ``x`` is the forward's input. "separate": gate_proj and
-#: up_proj AWQLinear (Llama, Qwen2, Mistral, ...); "prefused": one gate_up_proj AWQLinear with
-#: rows [gate ; up] split by ``chunk(2, dim=-1)`` (Phi-3).
-_GATED_MLP_BODIES = (
-    ("separate", "act_fn", "down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))\n"
-                           "return down_proj"),
-    ("separate", "act_fn", "return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"),
-    ("separate", "act_fn", "down_proj = self.down_proj(self.up_proj(x) * self.act_fn(self.gate_proj(x)))\n"
-                           "return down_proj"),
-    ("separate", "act_fn", "return self.down_proj(self.up_proj(x) * self.act_fn(self.gate_proj(x)))"),
-    ("prefused", "activation_fn", "up_states = self.gate_up_proj(x)\n"
-                                  "gate, up_states = up_states.chunk(2, dim=-1)\n"
-                                  "up_states = up_states * self.activation_fn(gate)\n"
-                                  "return self.down_proj(up_states)"),
-)
-
-
 class _Renamer(ast.NodeTransformer):
     """Local names -> ``_0``, ``_1``, ... by first occurrence; ``self`` and the input keep fixed names."""
 
@@ -331,7 +253,7 @@ def _normalized_body(body: List[ast.stmt], arg: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _gated_mlp_forward(cls: type) -> Optional[Tuple[str, str, str]]:
     """(kind, activation attribute, input name) if ``cls.forward(self, x)`` is exactly one of
-    :data:`_GATED_MLP_BODIES` (up to local names and a docstring); else None."""
+    :data:`awq_inductor.families.GATED_MLP_BODIES` (up to local names and a docstring); else None."""
     result = None
     try:
         fn = inspect.unwrap(cls.forward)
@@ -340,7 +262,7 @@ def _gated_mlp_forward(cls: type) -> Optional[Tuple[str, str, str]]:
         fdef = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
         if arg is not None and len(params) == 2 and isinstance(fdef, ast.FunctionDef) and not fdef.decorator_list:
             got = _normalized_body(fdef.body, arg)
-            for kind, act, src in _GATED_MLP_BODIES:
+            for kind, act, src in GATED_MLP_BODIES:
                 if got == _normalized_body(ast.parse(src).body, "x"):
                     result = (kind, act, arg)
                     break
@@ -372,7 +294,7 @@ def _silu_mul_class(cls: type, arg: str) -> type:
 
 
 def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
-    """Swap a SiLU-gated MLP (see :data:`_GATED_MLP_BODIES`) for ``down_proj(gate_up_proj(x))`` with
+    """Swap a SiLU-gated MLP (see :data:`awq_inductor.families.GATED_MLP_BODIES`) for ``down_proj(gate_up_proj(x))`` with
     ``gate_up_proj`` an :class:`AWQGateUpSiluMul` packed for ``act_quant``. Needs AWQLinear
     projections, I % 32 == 0 and a SiLU activation; anything else is left to the plain gate|up fusion."""
     if hasattr(module, "_awq_fused_attr"):
@@ -394,12 +316,7 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
         if fusion_blocker(mods) is not None or up.out_features != I or I % packing.BLOCK_N:
             return False
         fused = AWQGateUpSiluMul.from_gate_up(gate, up, act_quant=act_quant)
-        src0 = getattr(gate, "awq_source", None) or {}
-        bias_dtype = next((getattr(m, "awq_source", {}).get("bias_dtype") for m in mods
-                           if getattr(m, "awq_source", {}).get("bias_dtype") is not None), None)
-        fused.awq_source = {"format": src0.get("format"), "scales_dtype": src0.get("scales_dtype"),
-                            "bias_dtype": bias_dtype,
-                            "parts": [(p, m.out_features, m.bias is not None) for p, m in zip(("gate_proj", "up_proj"), mods)]}
+        fused.awq_source = _fused_source(mods, ("gate_proj", "up_proj"))
         del module._modules["gate_proj"], module._modules["up_proj"]
         module.add_module("gate_up_proj", fused)
     else:
@@ -412,9 +329,8 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
         q, z, s = gu.canonical()
         fused = AWQGateUpSiluMul.from_canonical(q, z, s, gu.bias, group_size=gu.group_size, intermediate_size=I,
                                                 act_quant=act_quant)
-        src = dict(getattr(gu, "awq_source", None) or {})
-        src["parts"] = src.get("parts") or [("gate_up_proj", 2 * I, gu.bias is not None)]
-        fused.awq_source = src
+        src = source_of(gu)
+        fused.awq_source = src.replace(parts=src.parts or (("gate_up_proj", 2 * I, gu.bias is not None),))
         module._modules["gate_up_proj"] = fused
     module.__class__ = _silu_mul_class(type(module), arg)
     return True
@@ -451,12 +367,12 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     # per-expert placeholders (CheckpointMoEExperts) -> one AWQMoEExperts per layer, first: their
     # checkpoint tensors go straight to the experts layout, not through one AWQLinear each
     moe_pass.convert_experts(model, act_quant)
-    todo = [n for n, m in model.named_modules() if _is_placeholder(m) or is_foreign_int4_linear(m)]
+    todo = [n for n, m in model.named_modules() if isinstance(m, CheckpointInt4Linear) or is_foreign_int4_linear(m)]
     maps = load_memory.file_mappings() if todo else []
     for name in track(todo, "awq_inductor: converting", progress):
         old = model.get_submodule(name)
         try:
-            new = _to_awq_linear(old)
+            new = to_awq_linear(old, act_quant)
         except (ValueError, NotImplementedError) as e:
             raise type(e)(f"{name}: {e}") from e
         load_memory.drop_file_pages(list(old.buffers()) + list(old.parameters()), maps)

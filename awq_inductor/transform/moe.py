@@ -17,21 +17,11 @@ import torch
 from torch import nn
 
 from .. import formats
+from ..families import FUSED_EXPERT_NAMES as FUSED_NAMES
+from ..formats import CheckpointSource, source_of
 from . import load_memory
 from ..nn import AWQLinear, AWQMoEExperts, CheckpointInt4Linear, CheckpointMoEExperts
-from ..nn.moe import FUSED_NAMES
-
-
-def _unpack(where: str, fmt: str, qweight, qzeros, scales, g_idx, G: int, K: int):
-    """Canonical (q, z, s) of one linear's (K inputs) checkpoint tensors in format ``fmt``."""
-    if g_idx is not None:
-        ref = torch.arange(K, dtype=torch.int64) // G
-        if not torch.equal(g_idx.to(torch.int64), ref):
-            raise NotImplementedError(f"{where}.g_idx: act-order (desc_act=True) GPTQ checkpoints are not "
-                                      "supported; expected g_idx[k] == k // group_size")
-    if fmt in formats.GPTQ_FORMATS:
-        return formats.unpack_gptq(qweight, qzeros, scales, G, format=fmt)
-    return formats.unpack_awq(qweight, qzeros, scales, group_size=G, format=fmt)
+from ..nn.checkpoint import read_canonical
 
 
 def _canonical(where: str, m: nn.Module, e: Optional[int] = None):
@@ -39,22 +29,21 @@ def _canonical(where: str, m: nn.Module, e: Optional[int] = None):
     checkpoint tensors of a loading placeholder (no pack / unpack round trip through AWQLinear:
     a 128-expert layer has 384 of them; ``e``: the expert of a stacked placeholder), or from an
     AWQLinear."""
-    if isinstance(m, CheckpointInt4Linear):
-        if m.bias is not None:
-            raise ValueError(f"{where}: expected no bias (the experts op has none), got bias {list(m.bias.shape)}")
-        t = [getattr(m, n) for n in ("qweight", "qzeros", "scales")] + [m.g_idx]
-        if e is not None:
-            t = [None if v is None else v[e] for v in t]
-        q, z, s = _unpack(where, m.format, *t, m.group_size, m.in_features)
-        return q, z, s, m.group_size, m.format, m.scales.dtype
-    if isinstance(m, AWQLinear):
-        if m.bias is not None:
-            raise ValueError(f"{where}: expected no bias (the experts op has none)")
-        src = getattr(m, "awq_source", None) or {}
-        return (*m.canonical(), m.group_size, src.get("format"), src.get("scales_dtype"))
-    raise ValueError(f"{where}: expected an int4 linear like the other experts (one op for all experts of a "
-                     f"layer), got {type(m).__name__}; list the whole experts module in modules_to_not_convert "
-                     f"to keep it in floating point")
+    if not isinstance(m, (CheckpointInt4Linear, AWQLinear)):
+        raise ValueError(f"{where}: expected an int4 linear like the other experts (one op for all experts of a "
+                         f"layer), got {type(m).__name__}; list the whole experts module in modules_to_not_convert "
+                         f"to keep it in floating point")
+    if m.bias is not None:
+        raise ValueError(f"{where}: expected no bias (the experts op has none), got bias {list(m.bias.shape)}")
+    try:
+        if isinstance(m, CheckpointInt4Linear) and e is not None:
+            can, src, G = m.canonical(e), m.source(), m.group_size
+        else:
+            w = read_canonical(m)
+            can, src, G = w.canonical, w.source, w.group_size
+    except formats.ActOrderError as err:
+        raise formats.ActOrderError(f"{where}.{err}") from err
+    return (*can, G, src.format, src.scales_dtype)
 
 
 def _fused_experts(name: str, ph: CheckpointMoEExperts):
@@ -100,7 +89,7 @@ def _experts_from_placeholder(name: str, ph: CheckpointMoEExperts, act_quant: Op
         new = AWQMoEExperts.from_canonical(gate_up, down, group_size=G, act_quant=act_quant)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from err
-    new.awq_source = {"format": fmt, "scales_dtype": sdt, "names": ph.names, "fused": ph.fused}
+    new.awq_source = CheckpointSource(format=fmt, scales_dtype=sdt, expert_names=ph.names, fused_experts=ph.fused)
     return new
 
 
@@ -121,16 +110,6 @@ def convert_experts(model: nn.Module, act_quant: Optional[str] = None) -> int:
     return n
 
 
-def _pack(fmt: str, q, z, s, G: int) -> Dict[str, torch.Tensor]:
-    """One linear's checkpoint tensors in format ``fmt`` (GPTQ: with its trivial g_idx)."""
-    q, z = q.contiguous(), z.contiguous()
-    if fmt.startswith("gptq"):
-        qw, qz, sc = formats.pack_gptq(q, z, s, G, format=fmt)
-        return {"qweight": qw, "qzeros": qz, "scales": sc, "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // G}
-    qw, qz, sc = formats.pack_awq(q, z, s, group_size=G, format=fmt)
-    return {"qweight": qw, "qzeros": qz, "scales": sc}
-
-
 def experts_state_dict(name: str, mod: AWQMoEExperts, sd: Dict[str, torch.Tensor], default_format: str) -> None:
     """Replace ``mod``'s packed buffers in ``sd`` by checkpoint tensors in the layout it was loaded
     from: per expert (``<name>.<e>.<gate|up|down>.*``) or fused 3-D (``<name>.gate_up_proj.*``
@@ -138,21 +117,21 @@ def experts_state_dict(name: str, mod: AWQMoEExperts, sd: Dict[str, torch.Tensor
     prefix = f"{name}." if name else ""
     for t in mod.op.weight_names():
         sd.pop(prefix + t, None)
-    src = getattr(mod, "awq_source", None) or {}
-    fmt = src.get("format") or default_format
-    sdt = src.get("scales_dtype") or torch.float16
-    g, u, d = src.get("names") or ("gate_proj", "up_proj", "down_proj")
+    src = source_of(mod)
+    fmt = formats.get(src.format or default_format)
+    sdt = src.scales_dtype or torch.float16
+    g, u, d = src.expert_names or ("gate_proj", "up_proj", "down_proj")
     I, G = mod.intermediate_size, mod.group_size
     stacked: Dict[str, list] = {}
     for e in range(mod.num_experts):
         (q, z, s), (dq, dz, ds) = mod.expert_canonical(e)
-        if src.get("fused"):
+        if src.fused_experts:
             parts = ((FUSED_NAMES[0], (q, z, s)), (FUSED_NAMES[1], (dq, dz, ds)))
         else:
             parts = ((f"{e}.{g}", (q[:I], z[:I], s[:I])), (f"{e}.{u}", (q[I:], z[I:], s[I:])),
                      (f"{e}.{d}", (dq, dz, ds)))
         for part, (qi, zi, si) in parts:
-            for t, v in _pack(fmt, qi, zi, si.to(sdt), G).items():
+            for t, v in fmt.pack(qi.contiguous(), zi.contiguous(), si.to(sdt), G).items():
                 stacked.setdefault(f"{prefix}{part}.{t}", []).append(v)
     for key, vs in stacked.items():
-        sd[key] = torch.stack(vs) if src.get("fused") else vs[0]
+        sd[key] = torch.stack(vs) if src.fused_experts else vs[0]

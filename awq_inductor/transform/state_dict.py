@@ -1,7 +1,7 @@
 """The state-dict round trip: a converted model written back in its checkpoint format.
 
 Every :class:`AWQLinear` / :class:`AWQGateUpSiluMul` is unpacked to canonical form and packed into
-the format recorded in its ``awq_source`` (``formats.pack_awq`` / ``pack_gptq``) under the
+the format recorded in its ``awq_source`` (its format object's ``pack``) under the
 original module names; fused modules are split again. ``save_pretrained`` uses it, so a saved
 folder loads like the original one (through our transformers patch or any other AWQ/GPTQ loader).
 """
@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from .. import formats
+from ..formats import source_of
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 from ..nn.head import Int8HeadLinear
 from .moe import experts_state_dict
@@ -34,14 +35,14 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
         if not isinstance(mod, (AWQLinear, AWQGateUpSiluMul)):
             continue
         prefix = f"{name}." if name else ""
-        for t in ("qweight", "scales", "zeros", "comp", "bias"):
+        for t in [w.name for w in mod.op.scheme.weights] + ["bias"]:
             sd.pop(prefix + t, None)
-        src = getattr(mod, "awq_source", None) or {}
-        fmt = src.get("format") or default_format
-        sdt = src.get("scales_dtype") or torch.float16
-        bdt = src.get("bias_dtype") or sdt
+        src = source_of(mod)
+        fmt = formats.get(src.format or default_format)
+        sdt = src.scales_dtype or torch.float16
+        bdt = src.bias_dtype or sdt
         parent = name.rpartition(".")[0]
-        parts = src.get("parts") or [(name.rpartition(".")[2], getattr(mod, "gate_up_features", mod.out_features),
+        parts = src.parts or [(name.rpartition(".")[2], getattr(mod, "gate_up_features", mod.out_features),
                                       mod.bias is not None)]
         q, z, s = mod.canonical()  # AWQGateUpSiluMul: [gate ; up] order, like the fused AWQLinear
         bias = mod.canonical_bias()
@@ -50,12 +51,8 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
             pname = f"{parent}.{part}" if parent else part
             sl = slice(off, off + n)
             qi, zi, si = q[sl].contiguous(), z[sl].contiguous(), s[sl].to(sdt).contiguous()
-            if fmt.startswith("gptq"):
-                qw, qz, sc = formats.pack_gptq(qi, zi, si, mod.group_size, format=fmt)
-                sd[f"{pname}.g_idx"] = (torch.arange(mod.in_features, dtype=torch.int32) // mod.group_size)
-            else:
-                qw, qz, sc = formats.pack_awq(qi, zi, si, group_size=mod.group_size, format=fmt)
-            sd[f"{pname}.qweight"], sd[f"{pname}.qzeros"], sd[f"{pname}.scales"] = qw, qz, sc
+            for t, v in fmt.pack(qi, zi, si, mod.group_size).items():
+                sd[f"{pname}.{t}"] = v
             if has_bias:
                 sd[f"{pname}.bias"] = bias[sl].to(bdt).contiguous()
             off += n

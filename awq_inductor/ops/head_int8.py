@@ -11,14 +11,15 @@ full-sequence forward) dequantize the weight in chunks of channels and use ``F.l
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from . import config
+from .. import config
+from ..kernels import isa as isa_mod, native
+from ..kernels.native import I64, INT, VP
 
 GEMV_MAX_M = 8
 _CHUNK = 4096  # channels dequantized at a time for M > GEMV_MAX_M (32 MiB fp32 at K = 2048)
@@ -54,32 +55,23 @@ def check_args(x, weight, scales, bias) -> None:
         raise ValueError(f"bias: expected float32 [{N}], got {bias.dtype} {list(bias.shape)}")
 
 
-def reference(x, weight, scales, bias) -> torch.Tensor:
-    """fp32 oracle (tests)."""
-    y = x.float() @ (weight.float() * scales[:, None]).t()
-    return (y if bias is None else y + bias).to(x.dtype)
+#: x (fp32), M, weight, scales, y, N, K, threads
+ARGS = (VP, I64, VP, VP, VP, I64, I64, INT)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(isa: str):
-    from .kernels import native
-
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    flags = [] if isa == "portable" else ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mfma"]
-    return native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32",
-                             [vp, i64, vp, vp, vp, i64, i64, ctypes.c_int], flags=flags, isa=isa)
+    return native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32", ARGS, flags=list(isa_mod.get(isa).flags),
+                             isa=isa)
 
 
 def _gemv(x, weight, scales) -> torch.Tensor:
-    from .kernels import isa as isa_mod
-
-    isa = "portable" if isa_mod.select() == "portable" else "avx512"
+    isa = "avx512" if isa_mod.select().avx512_bf16 else "portable"
     M, K = x.shape
     N = weight.shape[0]
     xf = x.to(torch.float32).contiguous()
     y = torch.empty((M, N), dtype=torch.float32)
-    nt = config.num_threads or torch.get_num_threads()
-    _kernel(isa)(xf.data_ptr(), M, weight.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K, nt)
+    _kernel(isa)(xf.data_ptr(), M, weight.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K, config.threads())
     return y
 
 

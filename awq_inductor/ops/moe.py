@@ -30,10 +30,13 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from . import config, packing
-from .kernels import codegen, isa as isa_mod, native, tuner
-from .ops import _check_group_size, _check_x, _quantize_rows
-from .schemes import MOE_OPS, W4A16, MoeOp
+from .. import config, packing
+from ..kernels import codegen, isa as isa_mod, native, tuning_cache
+from ..kernels.native import I64, INT, VP
+from ..kernels.plan import Plan, default_plan
+from ..schemes import MOE_OPS, MoeOp
+from .int4_mm import _check_group_size, _check_x
+from .tracing import on_first_trace
 
 _IDS_DTYPES = (torch.int32, torch.int64)
 
@@ -118,79 +121,50 @@ def pack_experts(mop: MoeOp, gate_up, down, group_size: int, intermediate_size: 
     return [torch.stack(ts) for ts in zip(*w13)] + [torch.stack(ts) for ts in zip(*w2)]
 
 
-def reference(name: str, x, topk_ids, topk_weights, *args, quantize_x: bool = False) -> torch.Tensor:
-    """fp32 oracle of ``awq::<name>``: dequantize each selected expert, run it in fp32 on its
-    tokens, round the SiLU * up intermediate to x's dtype (as the kernel and the dense MLP do),
-    weight, sum over top-k in fp32, cast once. ``quantize_x`` (W4A8): the kernels' per-token int8
-    quantization of both GEMMs' inputs. Tests only."""
-    mop = MOE_OPS[name]
-    *weights, group_size, I = args
-    T, H = x.shape
-    out = torch.zeros(T, H, dtype=torch.float32)
-    xf = x.to(torch.float32)
-    for e in sorted(set(topk_ids.flatten().tolist())):
-        (gq, gz, gs), (dq, dz, ds) = expert_canonical(mop, weights, e, H, I)
-        w13 = packing.dequantize_canonical(gq, gz, gs, group_size)
-        w2 = packing.dequantize_canonical(dq, dz, ds, group_size)
-        tok, slot = torch.where(topk_ids == e)
-        xe = _quantize_rows(xf[tok]) if quantize_x else xf[tok]
-        gu = xe @ w13.t()
-        h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(x.dtype).to(torch.float32)
-        if quantize_x:
-            h = _quantize_rows(h)
-        y = (h @ w2.t()) * topk_weights[tok, slot].to(torch.float32)[:, None]
-        out.index_add_(0, tok, y)
-    return out.to(x.dtype)
-
-
 def expert_plans(mop: MoeOp, isa: str, x_dtype: torch.dtype, hidden_size: int, intermediate_size: int,
-                 group_size: int) -> Tuple[tuner.Plan, tuner.Plan]:
-    """(plan of gate|up, plan of down): ``tuner.plan_for`` of the dense ops with the experts' shapes,
+                 group_size: int) -> Tuple[Plan, Plan]:
+    """(plan of gate|up, plan of down): ``tuning_cache.plan_for`` of the dense ops with the experts' shapes,
     ``awq::<scheme>_silu_mul`` K = H, N = 2I and ``awq::<scheme>`` K = I, N = H (tuned, cached or the
     constants, as ``config.tune`` says). ``dense_min_m`` is not used: the experts op has no dense
     fallback (it would dequantize every selected expert per call)."""
     H, I, G = hidden_size, intermediate_size, group_size
-    return (tuner.plan_for(mop.w13, isa, x_dtype, H, I, G), tuner.plan_for(mop.w2, isa, x_dtype, I, H, G))
+    return (tuning_cache.plan_for(mop.w13, isa, x_dtype, H, I, G), tuning_cache.plan_for(mop.w2, isa, x_dtype, I, H, G))
+
+
+def moe_args(n_weights: int) -> list:
+    """x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads, Thresholds of w13 (3), of w2 (3)."""
+    return [VP, I64, VP, VP, I64] + [VP] * (2 * n_weights) + [VP, I64, I64, I64, I64, INT] + [I64] * 6
 
 
 @functools.lru_cache(maxsize=None)
 def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
     mop = MOE_OPS[name]
-    if isa == "amx" and not emulate and (mop.scheme is not W4A16 or x_dtype == torch.bfloat16):
-        if not isa_mod.amx_permission():
-            raise RuntimeError("awq_inductor: the AMX kernel was selected but the OS refused AMX tile "
-                               "permission; set awq_inductor.config.force_isa = 'avx512'")
+    native.require_amx_permission(isa, emulate, native.uses_amx_tiles(mop.scheme, x_dtype))
     header = codegen.render_header(mop.scheme, isa, x_dtype, emulate)
-    kw = dict(isa=isa, x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
+    kw = dict(isa=isa_mod.get(isa), x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
     moe_header = codegen.render_moe_header(mop, isa, x_dtype, emulate)
     src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header,
                                                                        moe_header=moe_header, **kw)
-    so = native.build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
-                      isa=isa + ("-emulated" if emulate else ""))
-    return ctypes.CDLL(so)
+    return native.library(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
+                          isa=native.isa_tag(isa, emulate))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
     mop = MOE_OPS[name]
-    fn = getattr(_library(name, isa, x_dtype, emulate), f"{mop.c_entry}_{codegen.dtype_name(x_dtype)}")
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    nw = len(mop.scheme.weights)
-    # x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads, Thresholds of w13 (3), of w2 (3)
-    fn.argtypes = [vp, i64, vp, vp, i64] + [vp] * (2 * nw) + [vp, i64, i64, i64, i64, ctypes.c_int] + [i64] * 6
-    fn.restype = None
+    fn = native.bind(_library(name, isa, x_dtype, emulate), f"{mop.c_entry}_{codegen.dtype_name(x_dtype)}",
+                     moe_args(len(mop.scheme.weights)))
 
-    def kernel(x, topk_ids, topk_weights, *args, plans: Optional[Tuple[tuner.Plan, tuner.Plan]] = None):
+    def kernel(x, topk_ids, topk_weights, *args, plans: Optional[Tuple[Plan, Plan]] = None):
         """``plans``: (gate|up, down) thresholds (default: the constants)."""
         *weights, group_size, I = args
-        p13, p2 = plans or (tuner.default_plan(), tuner.default_plan())
+        p13, p2 = plans or (default_plan(), default_plan())
         T, H = x.shape
         out = torch.empty((T, H), dtype=x.dtype)
         ids = topk_ids.to(torch.int64).contiguous()
         tw = topk_weights.to(torch.float32).contiguous()
-        nt = config.num_threads or torch.get_num_threads()
         fn(x.data_ptr(), T, ids.data_ptr(), tw.data_ptr(), ids.shape[1], *(w.data_ptr() for w in weights),
-           out.data_ptr(), weights[0].shape[0], H, I, group_size, nt, *p13.cxx_args(), *p2.cxx_args())
+           out.data_ptr(), weights[0].shape[0], H, I, group_size, config.threads(), *p13.cxx_args(), *p2.cxx_args())
         return out
 
     kernel.isa = isa  # type: ignore[attr-defined]
@@ -201,7 +175,7 @@ def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Ca
     """The eager kernel of ``awq::<name>`` (an int4_moe op), built once per (op, ISA, dtype, AMX
     emulation); arguments already validated, x contiguous, weights contiguous."""
     isa = isa_mod.select() if isa is None else isa_mod.check(isa)
-    return _kernel(name, isa, x_dtype, isa == "amx" and isa_mod.amx_emulated())
+    return _kernel(name, isa, x_dtype, native.emulated(isa))
 
 
 def forget_kernels() -> None:
@@ -214,9 +188,7 @@ def _register(mop: MoeOp) -> None:
     torch.library.define(f"awq::{mop.name}", mop.schema)
 
     def fake(x, topk_ids, topk_weights, *args):
-        from . import inductor
-
-        inductor.register()
+        on_first_trace()
         check_args(mop, x, topk_ids, topk_weights, *args)
         return x.new_empty(x.shape)
 

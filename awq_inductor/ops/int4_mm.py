@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from . import packing
-from .schemes import OPS, Op
+from .. import packing
+from ..kernels import dense, native, tuning_cache
+from .tracing import on_first_trace
+from ..schemes import OPS, Op
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -76,43 +78,13 @@ def check_args(op: Op, x, *args) -> None:
         raise ValueError(f"bias: expected float32 [{n}], got {bias.dtype} {list(bias.shape)}")
 
 
-def _quantize_rows(xf: torch.Tensor) -> torch.Tensor:
-    """The W4A8 kernels' per-token int8 quantization of x, dequantized again (fp32)."""
-    sa = xf.abs().amax(dim=1, keepdim=True) / 127
-    return torch.where(sa > 0, torch.round(xf / torch.where(sa > 0, sa, 1)).clamp(-127, 127) * sa, 0)
-
-
-def reference(name: str, x, *args, quantize_x: bool = False) -> torch.Tensor:
-    """fp32 oracle of ``awq::<name>``: dequantize the whole weight, multiply in fp32, apply the
-    op's epilogue, cast once to x's dtype. ``quantize_x`` (W4A8): apply the kernels' per-token int8
-    quantization to x first (the exact W4A8 math, up to fp32 sums). Tests only, never the user path."""
-    op = OPS[name]
-    *weights, bias, group_size, out_features = args
-    q, z, s = op.unpack(*weights[:3], out_features)
-    w = packing.dequantize_canonical(q, z, s, group_size)
-    xf = x.to(torch.float32)
-    if quantize_x:
-        xf = _quantize_rows(xf)
-    y = xf @ w.t()
-    if bias is not None:
-        y = y + op.unpack_bias(bias, out_features)
-    if op.spec.columns_per_output == 2:
-        y = torch.nn.functional.silu(y[:, :out_features]) * y[:, out_features:]
-    return y.to(x.dtype)
-
-
 def _register(op: Op) -> None:
     """Define ``awq::<op>`` with a fake impl (shape [M, out_features], symbolic M welcome) and a CPU
     eager impl (the native kernel built from the same templates as the lowering)."""
     torch.library.define(f"awq::{op.name}", op.schema)
 
     def fake(x, *args):
-        # Tracing (torch.compile, export) is when a lowering can be needed next, and Inductor is
-        # being imported anyway: register ours here so a plain torch.compile(model) uses our
-        # template without the package import paying for torch._inductor. Idempotent.
-        from . import inductor
-
-        inductor.register()
+        on_first_trace()
         check_args(op, x, *args)
         return x.new_empty((x.shape[0], args[-1]))
 
@@ -120,13 +92,11 @@ def _register(op: Op) -> None:
         check_args(op, x, *args)
         if x.shape[0] == 0:
             return x.new_empty((0, args[-1]))
-        from .kernels import native, tuner  # compiled once per (scheme, ISA, dtype), cached on disk
-
-        kernel = native.get_kernel(op.name, x.dtype)
+        kernel = native.get_kernel(op.name, x.dtype)  # compiled once per (scheme, ISA, dtype), cached on disk
         # the per-machine plan of this shape (memoised: looked up or measured on the first call)
-        plan = tuner.plan_for(op, kernel.isa, x.dtype, x.shape[1], args[-1], args[-2])
+        plan = tuning_cache.plan_for(op, kernel.isa, x.dtype, x.shape[1], args[-1], args[-2])
         if x.shape[0] >= plan.dense_min_m:
-            return tuner.dense_call(op, x, *args)
+            return dense.dense_call(op, x, *args)
         return kernel(x.contiguous(), *args, plan=plan)
 
     torch.library.register_fake(f"awq::{op.name}", fake)

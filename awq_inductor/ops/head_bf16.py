@@ -10,14 +10,15 @@ contiguous channel ranges); more rows, or a CPU without AVX512-BF16, call ``F.li
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from . import config
+from .. import config
+from ..kernels import isa as isa_mod, native
+from ..kernels.native import I64, INT, VP
 
 #: Rows up to which the GEMV runs, measured against F.linear (32000 x 4096, 2 threads, interleaved
 #: with the read probe; benchmarks/results/bench_head_gemv_idle.md and bench_head_gemv.txt): its time
@@ -45,18 +46,18 @@ def check_args(x, weight, bias) -> None:
 
 def gemv_available() -> bool:
     """The GEMV needs AVX512-BF16 (the avx512 or amx ISA); elsewhere the head stays on F.linear."""
-    from .kernels import isa as isa_mod
+    return isa_mod.select().avx512_bf16
 
-    return isa_mod.select() != "portable"
+
+#: x, M, weight, y, N, K, threads
+ARGS = (VP, I64, VP, VP, I64, I64, INT)
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(kc_one_row: int = KC_ONE_ROW):
-    from .kernels import native
-
-    vp, i64 = ctypes.c_void_p, ctypes.c_int64
-    return native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", [vp, i64, vp, vp, i64, i64, ctypes.c_int],
-                             flags=native.AVX512_BF16_FLAGS, isa="avx512", kc1=kc_one_row)
+    avx512 = isa_mod.get("avx512")
+    return native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", ARGS, flags=list(avx512.flags),
+                             isa=avx512, kc1=kc_one_row)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, kc_one_row: int = KC_ONE_ROW) -> torch.Tensor:
@@ -64,8 +65,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, kc_one_row: int = KC_ONE_ROW) ->
     M, K = x.shape
     N = weight.shape[0]
     y = torch.empty((M, N), dtype=torch.float32)
-    nt = config.num_threads or torch.get_num_threads()
-    _kernel(kc_one_row)(x.data_ptr(), M, weight.data_ptr(), y.data_ptr(), N, K, nt)
+    _kernel(kc_one_row)(x.data_ptr(), M, weight.data_ptr(), y.data_ptr(), N, K, config.threads())
     return y
 
 

@@ -1,0 +1,102 @@
+"""The kernel plan: the row thresholds that pick a kernel path per call, and which path a plan
+takes for M rows (the drivers' checks, mirrored).
+
+The drivers pick a kernel path per call from M and a few row thresholds (``awq::Thresholds`` in
+``csrc_templates/runtime/driver.h.j2``, whose defaults are rendered from here): AMX tiles from
+``amx_min_m`` rows, the AVX512-BF16 decode kernel below ``bf16_f32_min_m``, the dequantize-once
+panel kernels from ``panel_min_m`` (fp32 FMA on exact weights for fp32 / fp16 x; for bf16 x a bf16
+GEMM loop on weights dequantized to bf16 once per M block). On top of them, from ``dense_min_m``
+rows a call runs the dense candidate (:mod:`awq_inductor.kernels.dense`). A :class:`Plan` is those
+four numbers for one (scheme, op, ISA, x dtype, K, N, G) on one machine; the tuner
+(:mod:`~awq_inductor.kernels.tuner`) measures it, :mod:`~awq_inductor.kernels.tuning_cache` keeps it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+import torch
+
+from .. import config
+from ..schemes import W4A8, Op
+
+#: "never": a threshold no M reaches.
+NEVER = 1 << 40
+#: one past the bf16 decode kernel's one-pass rows (schemes/w4a16.h: kDecOnePassM); rendered as the
+#: default of ``Thresholds::bf16_f32_min_m`` (runtime/driver.h.j2)
+BF16_F32_MIN_M = 9
+THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Rows from which each path is taken (see the module docstring); ``source`` says where the
+    plan came from (``default`` | ``forced`` | ``cached`` | ``tuned``)."""
+
+    amx_min_m: int
+    panel_min_m: int
+    bf16_f32_min_m: int
+    dense_min_m: int = NEVER
+    source: str = "default"
+
+    def cxx_args(self) -> Tuple[int, int, int]:
+        """The ``awq::Thresholds`` fields, in order."""
+        return (self.amx_min_m, self.panel_min_m, self.bf16_f32_min_m)
+
+    def cxx(self) -> str:
+        return ", ".join(str(v) for v in self.cxx_args())
+
+    def thresholds(self) -> Dict[str, int]:
+        return {k: getattr(self, k) for k in THRESHOLDS}
+
+
+def default_plan() -> Plan:
+    """The constants (``config.amx_min_m``, ``config.panel_min_m``, bf16 -> fp32 from 9 rows: the
+    decode kernel reads the weights once for up to 8 rows, no dense)."""
+    return Plan(int(config.amx_min_m), int(config.panel_min_m), BF16_F32_MIN_M)
+
+
+def forced_plan(values: dict) -> Plan:
+    unknown = set(values) - set(THRESHOLDS)
+    if unknown:
+        raise ValueError(f"config.kernel_plan: expected keys among {THRESHOLDS}, got {sorted(unknown)}")
+    return dataclasses.replace(default_plan(), source="forced", **{k: int(v) for k, v in values.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# Which path a plan takes (mirrors the drivers' checks)
+def path_for(plan: Plan, op: Op, isa: str, x_dtype: torch.dtype, M: int) -> str:
+    """The kernel path ``plan`` selects for M rows: ``dense``, ``amx``, ``decode_bf16``,
+    ``f32_rows``, ``panel`` (W4A16), ``vnni`` (W4A8) or ``portable``."""
+    if M >= plan.dense_min_m:
+        return "dense"
+    if isa == "portable":
+        return "portable"
+    if op.scheme is W4A8:
+        return "amx" if isa == "amx" and M >= plan.amx_min_m else "vnni"
+    if x_dtype == torch.bfloat16:
+        if isa == "amx" and M >= plan.amx_min_m:
+            return "amx"
+        if M < plan.bf16_f32_min_m:
+            return "decode_bf16"
+    return "panel" if M >= plan.panel_min_m else "f32_rows"
+
+
+def candidates(op: Op, isa: str, x_dtype: torch.dtype) -> Dict[str, Plan]:
+    """Path name -> a plan forcing that path for every M (``dense`` always among them)."""
+    n = NEVER
+    out = {"dense": Plan(n, n, n, 0)}
+    if isa == "portable":
+        return {"portable": Plan(n, n, n), **out}
+    if op.scheme is W4A8:
+        out["vnni"] = Plan(n, n, n)
+        if isa == "amx":
+            out["amx"] = Plan(0, n, n)
+        return out
+    if x_dtype == torch.bfloat16:
+        out["decode_bf16"] = Plan(n, n, n)
+        if isa == "amx":
+            out["amx"] = Plan(0, n, n)
+    out["f32_rows"] = Plan(n, n, 0)
+    out["panel"] = Plan(n, 0, 0)
+    return out

@@ -1,0 +1,221 @@
+"""The on-disk cache of measured plans and the per-process plans: :func:`plan_for` returns, in this
+order, ``config.kernel_plan`` (forced), the constants of :mod:`awq_inductor.config`
+(``config.tune == "off"``, an ISA without AVX512, or AMX running on the tile emulator), a plan
+from the on-disk cache, or a plan measured now (``config.tune == "auto"``, one log line) and
+written to the cache. The eager op passes the plan's thresholds to the C++ entry point; the
+Inductor template renders them into the generated code, and :func:`cache_digest` (the cache
+file's content) is part of the FX cache key, so a retune never reuses code generated for the
+previous plan. Plans are cached in ``<cache dir>/tuning/<machine key>.json`` (written atomically).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .. import config
+from ..schemes import Op
+from ..families import MOE_INTERMEDIATE_KEYS
+from ..schemes import GATE_UP_SILU, LINEAR, op_for
+from . import cache_key, native, tuner
+from .plan import NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
+
+log = logging.getLogger(__name__)
+
+# ---------------------------------------------------------------------------------------------
+# The on-disk cache and the per-process plans
+def shape_key(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int) -> str:
+    return f"{op.name}/{isa}/{str(x_dtype).replace('torch.', '')}/K{K}/N{op.columns(out_features)}/G{G}"
+
+
+def threads() -> int:
+    return config.threads()
+
+
+def cache_path(n_threads: Optional[int] = None) -> str:
+    """``<cache dir>/tuning/<machine key>.json`` (cache dir: ``$AWQ_INDUCTOR_CACHE_DIR`` or
+    ``~/.cache/awq_inductor``)."""
+    return os.path.join(native.cache_dir(), "tuning", cache_key.machine_key(n_threads or threads()) + ".json")
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {"plans": {}}
+    except (OSError, ValueError) as e:
+        log.warning("awq_inductor: ignoring the unreadable tuning cache %s (%s); it will be rewritten", path, e)
+        return {"plans": {}}
+    if not isinstance(data.get("plans"), dict):
+        log.warning("awq_inductor: ignoring the tuning cache %s: no 'plans' object", path)
+        return {"plans": {}}
+    return data
+
+
+def _write(path: str, data: dict) -> None:
+    """Atomically (temp file + os.replace): concurrent readers see the old or the new file."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+_lock = threading.Lock()
+_memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
+
+
+def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None) -> None:
+    """Add one shape's plan to the cache file (read, merge, atomic write) and to this process."""
+    path = cache_path(n_threads)
+    with _lock:
+        data = _read(path)
+        data["machine"] = cache_key.machine(n_threads or threads())
+        data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "times_ms": times}
+        _write(path, data)
+        _memo[(n_threads or threads(), key)] = dataclasses.replace(plan, source="tuned")
+
+
+def _is_noisy(path: str, key: str) -> bool:
+    return bool(_read(path)["plans"].get(key, {}).get("noisy"))
+
+
+def _cached(path: str, key: str) -> Optional[Plan]:
+    entry = _read(path)["plans"].get(key)
+    if entry is None:
+        return None
+    try:
+        return Plan(**{k: int(entry[k]) for k in THRESHOLDS}, source="cached")
+    except (KeyError, TypeError, ValueError):
+        log.warning("awq_inductor: ignoring the malformed tuning entry %s in %s", key, path)
+        return None
+
+
+def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int) -> Plan:
+    """The plan the kernels of this shape use (see the module docstring); memoised per process."""
+    if config.kernel_plan is not None:
+        return forced_plan(config.kernel_plan)
+    from . import isa as isa_mod
+
+    if config.tune == "off" or isa == "portable" or (isa == "amx" and isa_mod.amx_emulated()):
+        return default_plan()
+    key = shape_key(op, isa, x_dtype, K, out_features, G)
+    plan = _memo.get((threads(), key))
+    if plan is not None:
+        return plan
+    path = cache_path()
+    plan = _cached(path, key)
+    if plan is None and config.tune == "auto":
+        t0 = time.perf_counter()
+        plan, times = tuner.tune_shape(op, isa, x_dtype, K, out_features, G)
+        store(key, plan, times)
+        if plan.source != "noisy":  # (tune_shape has said why it kept the constants)
+            log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
+                        key, time.perf_counter() - t0, plan.thresholds(), path)
+    if plan is None:
+        return default_plan()
+    _memo[(threads(), key)] = plan
+    return plan
+
+
+def cache_digest() -> str:
+    """sha256 of this machine's tuning cache file ("" without one): part of the FX cache key."""
+    import hashlib
+
+    try:
+        with open(cache_path(), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return ""
+
+
+def forget() -> None:
+    """Drop the per-process plans (tests: the next lookup reads the cache again)."""
+    with _lock:
+        _memo.clear()
+    cache_key.machine_key.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes of a model, for ``python -m awq_inductor tune``
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    op: Op
+    K: int
+    out_features: int
+    G: int
+
+
+def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Shape]:
+    """The distinct int4 op shapes of a Llama-style decoder (fused qkv, o, gate|up + SiLU, down; the
+    experts' gate|up and down of a Qwen-MoE, whose ``moe_intermediate_size`` and
+    ``shared_expert_intermediate_size`` name them; Mixtral's experts have ``intermediate_size``)
+    from its ``config.json``; G from ``quantization_config.group_size`` (-1: K)."""
+    try:
+        h, inter = int(config_json["hidden_size"]), int(config_json["intermediate_size"])
+        hq = int(config_json["num_attention_heads"])
+    except KeyError as e:
+        raise ValueError(f"config.json: expected hidden_size, intermediate_size and num_attention_heads, "
+                         f"missing {e}") from None
+    hkv = int(config_json.get("num_key_value_heads") or hq)
+    d = int(config_json.get("head_dim") or h // hq)
+    g = int((config_json.get("quantization_config") or {}).get("group_size", 128))
+    lin, gu = op_for(act_quant, LINEAR), op_for(act_quant, GATE_UP_SILU)
+    dims = [(lin, h, (hq + 2 * hkv) * d), (lin, hq * d, h), (gu, h, inter), (lin, inter, h)]
+    # sparse-MoE experts (moe.expert_plans looks up these two dense-op shapes) and a shared expert
+    for key in MOE_INTERMEDIATE_KEYS:
+        if config_json.get(key):
+            dims += [(gu, h, int(config_json[key])), (lin, int(config_json[key]), h)]
+    out, seen = [], set()
+    for op, K, n in dims:
+        s = Shape(op, K, n, K if g == -1 else g)
+        if (op.name, K, n, s.G) not in seen:
+            seen.add((op.name, K, n, s.G))
+            out.append(s)
+    return out
+
+
+def parse_shapes(text: str, G: int, act_quant: Optional[str] = None) -> List[Shape]:
+    """``"4096x4096,4096x11008"`` -> linear-op shapes (K x N)."""
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        try:
+            K, N = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--shapes: expected KxN items like 4096x11008, got {item!r}") from None
+        out.append(Shape(op_for(act_quant, LINEAR), K, N, G))
+    return out
+
+
+def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = None, show: Optional[bool] = None,
+                retune: bool = False) -> List[Tuple[Shape, Plan]]:
+    """Fill the cache for ``shapes`` (a progress bar on a terminal); shapes already cached are
+    kept unless ``retune``."""
+    from ..progress import track
+    from . import isa as isa_mod
+
+    isa = isa or isa_mod.select()
+    out = []
+    for s in track(shapes, "tuning kernels", show=show, unit="shape"):
+        key = shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)
+        plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key)
+        if plan is None:
+            plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
+            store(key, plan, times)
+        out.append((s, plan))
+    return out
+
+
