@@ -100,12 +100,13 @@ def _read_int4(reader: _SliceReader, key: str, fmt: formats.CheckpointFormat, G:
     for k in keys.values():
         if k not in reader:
             raise TPError(f"{name}: checkpoint tensor {k} is missing")
-    g_idx = reader.get(f"{key}.g_idx") if fmt.has_g_idx and f"{key}.g_idx" in reader else None
     index = fmt.row_slices(*rows) if rows is not None else fmt.col_slices(*cols, G)
     try:
-        if index is not None and g_idx is None:
+        if f"{key}.g_idx" in reader:  # read whole (K values) and checked before any slice is unpacked
+            formats.check_g_idx(reader.get(f"{key}.g_idx"), K, G)
+        if index is not None:
             return fmt.unpack(*(reader.get(keys[t], *index[t]) for t in fmt.tensors), G)
-        q, z, s = fmt.unpack(*(reader.get(keys[t]) for t in fmt.tensors), G, g_idx=g_idx)
+        q, z, s = fmt.unpack(*(reader.get(keys[t]) for t in fmt.tensors), G)
     except ValueError as e:
         raise TPError(f"{name}: {e}") from e
     if rows is not None:  # whole, sliced in canonical form
