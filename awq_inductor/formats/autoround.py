@@ -130,7 +130,7 @@ class _AutoRoundMixin:
         # what auto-round 0.16.1 writes for iters=0 (NOTES §2; the vectors' metadata holds the JSON)
         qc = {"autoround_version": "0.16.1", "bits": 4, "block_name_to_quantize": "model.layers",
               "data_type": "int", "enable_quanted_input": False, "group_size": group_size,
-              "packing_format": self.packing_value, "quant_method": "auto-round", "sym": self.sym}
+              "packing_format": self.packing_value, "quant_method": "auto-round", "sym": self.symmetric}
         if modules_to_not_convert:
             qc["extra_config"] = {m: {"bits": 16, "data_type": "fp"} for m in modules_to_not_convert}
         return qc
@@ -141,7 +141,7 @@ class AutoRoundGptq(_AutoRoundMixin, Gptq):
 
     def __init__(self, name: str, codec: str, packing_value: str, g_idx: bool, sym: bool):
         Gptq.__init__(self, codec)
-        self.codec, self.name, self.packing_value, self.has_g_idx, self.sym = codec, name, packing_value, g_idx, sym
+        self.codec, self.name, self.packing_value, self.has_g_idx, self.symmetric = codec, name, packing_value, g_idx, sym
 
     def pack(self, q, zeros, scales, group_size):
         out = Gptq.pack(self, q, zeros, scales, group_size)
@@ -156,7 +156,7 @@ class AutoRoundGptq(_AutoRoundMixin, Gptq):
 class AutoRoundAwq(_AutoRoundMixin, AwqGemm):
     """``auto_round:auto_awq``: AutoAWQ GEMM tensors (export_to_awq/utils.py WQLinear_GEMM)."""
 
-    name, packing_value, sym = "autoround_awq", "auto_round:auto_awq", False
+    name, packing_value, symmetric = "autoround_awq", "auto_round:auto_awq", False
 
     def check_config(self, qc):
         check_autoround_config(qc)

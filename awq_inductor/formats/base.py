@@ -216,6 +216,10 @@ class CheckpointFormat:
     tensors: Tuple[str, ...] = ("qweight", "qzeros", "scales")
     #: the format also stores ``g_idx`` [K] (written by :meth:`pack`, checked by :meth:`unpack`)
     has_g_idx: bool = False
+    #: the format stores symmetric weights: zeros are exactly 8 (what :mod:`awq_inductor.testing` quantizes for)
+    symmetric: bool = False
+    #: the stored tensor holding the scales (its dtype is the checkpoint's scales dtype)
+    scales_tensor: str = "scales"
 
     def shapes(self, K: int, N: int, G: int) -> Dict[str, Tuple[Shape, torch.dtype]]:
         raise NotImplementedError

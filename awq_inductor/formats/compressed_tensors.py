@@ -176,6 +176,7 @@ class CompressedTensors(CheckpointFormat):
     """compressed-tensors pack-quantized int4 W4A16, symmetric (no zero point) or asymmetric."""
 
     quant_method = "compressed-tensors"
+    scales_tensor = "weight_scale"
 
     def __init__(self, symmetric: bool):
         self.symmetric = symmetric

@@ -70,7 +70,7 @@ class CheckpointInt4Linear(nn.Module):
         return self.checkpoint_format.unpack_stored(stored, self.group_size)
 
     def source(self) -> CheckpointSource:
-        return CheckpointSource(format=self.format, scales_dtype=self.scales.dtype,
+        return CheckpointSource(format=self.format, scales_dtype=getattr(self, self.checkpoint_format.scales_tensor).dtype,
                                 bias_dtype=None if self.bias is None else self.bias.dtype)
 
     def forward(self, x):  # pragma: no cover - replaced before use
