@@ -141,3 +141,53 @@ def test_ct_unsupported_config_refused_by_field(tmp_path, qc_edit, match):
         json.dump(cfg, f)
     with pytest.raises(awq_hf.CheckpointError, match=match):
         _load(path)
+
+
+# --------------------------------------------------------------------------- GPTQ act-order
+def _perms(model):
+    return [m.perm for m in model.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul))]
+
+
+@pytest.mark.parametrize("act_order", ["per_layer", "shared"])
+def test_gptq_act_order_load_fusion_save(tmp_path, act_order):
+    path, ref = _make(tmp_path, "gptq", "gptq", 32, act_order=act_order)
+    model = _load(path)
+    layer = model.model.layers[0]
+    if act_order == "per_layer":  # every permutation differs: nothing fuses, one gather per linear
+        assert isinstance(layer.self_attn.q_proj, AWQLinear) and isinstance(layer.mlp.gate_proj, AWQLinear)
+        assert sum(isinstance(m, AWQLinear) for m in model.model.layers.modules()) == 7 * 2
+    else:  # q/k/v share one permutation, gate/up another: fused, one gather each
+        assert isinstance(layer.self_attn.qkv_proj, AWQLinear) and layer.self_attn.qkv_proj.perm is not None
+        assert isinstance(layer.mlp.gate_up_proj, AWQGateUpSiluMul) and layer.mlp.gate_up_proj.perm is not None
+    assert all(p is not None for p in _perms(model))
+    _check_logits_and_greedy(model, ref)
+    out = str(tmp_path / "saved")
+    model.save_pretrained(out)
+    a, b = load_file(os.path.join(path, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+def test_gptq_act_order_compiled_one_gather_no_graph_break(tmp_path):
+    path, ref = _make(tmp_path, "gptq", "gptq", 32, act_order="shared")
+    model = _load(path, dtype=torch.bfloat16)
+    layer = model.model.layers[0]
+    hidden = torch.randn(1, 4, model.config.hidden_size, dtype=torch.bfloat16)
+    pe = model.model.rotary_emb(hidden, torch.arange(4)[None])
+    torch._dynamo.reset()
+    explain = torch._dynamo.explain(layer)(hidden, position_embeddings=pe, attention_mask=None)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    # one index_select per distinct permutation of the layer: qkv, o, gate|up, down
+    gathers = sum(str(n.target).endswith("index_select") for g in explain.graphs for n in g.graph.nodes)
+    assert gathers == 4, gathers
+    ids = _ids()
+    with torch.no_grad():
+        eager = model(ids).logits
+        torch._dynamo.reset()
+        model.forward = torch.compile(model.forward, backend="awq_inductor")
+        comp = model(ids).logits
+        want = ref(ids).logits
+    torch.testing.assert_close(comp.float(), eager.float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(comp.float(), want, atol=6e-2, rtol=6e-2)
+    torch._dynamo.reset()

@@ -49,6 +49,19 @@ class _PackedInt4(nn.Module):
             self.register_buffer("bias", torch.zeros(op.columns(out_features), dtype=torch.float32))
         else:
             self.bias = None
+        # GPTQ act-order: the weights are stored with K sorted by g_idx (contiguous groups), so x is
+        # gathered by the same permutation before the op; non-persistent (save_pretrained writes
+        # g_idx back through the checkpoint format)
+        self.register_buffer("perm", None, persistent=False)
+
+    def set_input_perm(self, perm: Optional[torch.Tensor]):
+        """Use ``x[..., perm]`` as the op's input (act-order); None: x as is. Returns self."""
+        if perm is not None:
+            perm = perm.to(torch.int64)
+            if tuple(perm.shape) != (self.in_features,):
+                raise ValueError(f"perm: expected int64 [{self.in_features}], got {list(perm.shape)}")
+        self.perm = None if perm is None else perm.contiguous()
+        return self
 
     @property
     def op(self) -> Op:
@@ -66,6 +79,8 @@ class _PackedInt4(nn.Module):
             raise ValueError(f"x: expected last dim {self.in_features} (in_features), got {x.shape[-1]}")
         op = self.op
         weights = [getattr(self, w.name) for w in op.scheme.weights]
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)  # one gather per call; traces as one aten op under compile
         y = op.torch_op(x.reshape(-1, self.in_features), *weights, self.bias, self.group_size, self.out_features)
         return y.reshape(*x.shape[:-1], self.out_features)
 
@@ -78,20 +93,30 @@ class _PackedInt4(nn.Module):
         return self.op.unpack_bias(self.bias, self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        """The fp32 weight (q - z) * s in canonical order."""
-        return packing.dequantize_canonical(*self.canonical(), self.group_size)
+        """The fp32 weight (q - z) * s in canonical order, in the model's input order (an act-order
+        module's sorted columns put back)."""
+        w = packing.dequantize_canonical(*self.canonical(), self.group_size)
+        return w if self.perm is None else w.index_select(1, formats.base.invert_perm(self.perm))
 
     def with_act_quant(self, act_quant: Optional[str]):
         """This module repacked for ``act_quant`` (self if it already is); ``awq_source`` is kept."""
         if act_quant == self.act_quant:
             return self
         new = self._from_canonical_like(*self.canonical(), self.canonical_bias(), act_quant)
+        new.set_input_perm(self.perm)
         if getattr(self, "awq_source", None) is not None:
             new.awq_source = self.awq_source
         return new
 
     def _repr_quant(self) -> str:
         return f", act_quant={self.act_quant!r}" if self.act_quant else ""
+
+
+def same_perm(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    """Whether two act-order input permutations are the same (None: identity)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return torch.equal(a, b)
 
 
 def _check_bias(bias: Optional[torch.Tensor], n: int) -> None:
@@ -149,7 +174,8 @@ class AWQLinear(_PackedInt4):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"group_size={self.group_size}, bias={self.bias is not None}" + self._repr_quant())
+                f"group_size={self.group_size}, bias={self.bias is not None}" + self._repr_quant()
+                + (", act_order=True" if self.perm is not None else ""))
 
 
 class AWQGateUpSiluMul(_PackedInt4):
@@ -206,6 +232,8 @@ class AWQGateUpSiluMul(_PackedInt4):
         if shape != (up.in_features, up.out_features, up.group_size):
             raise ValueError(f"up: expected in/out features and group size {shape} like gate, "
                              f"got {(up.in_features, up.out_features, up.group_size)}")
+        if not same_perm(gate.perm, up.perm):
+            raise ValueError("up: expected the same act-order input permutation as gate")
         I = gate.out_features
         (qg, zg, sg), (qu, zu, su) = gate.canonical(), up.canonical()
         bias = None
@@ -213,7 +241,8 @@ class AWQGateUpSiluMul(_PackedInt4):
             zero = torch.zeros(I, dtype=torch.float32)
             bias = torch.cat([gate.bias if gate.bias is not None else zero, up.bias if up.bias is not None else zero])
         return cls.from_canonical(torch.cat([qg, qu]), torch.cat([zg, zu]), torch.cat([sg, su]), bias,
-                                  group_size=gate.group_size, intermediate_size=I, act_quant=act_quant)
+                                  group_size=gate.group_size, intermediate_size=I,
+                                  act_quant=act_quant).set_input_perm(gate.perm)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, intermediate_size={self.out_features}, "
