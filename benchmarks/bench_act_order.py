@@ -1,0 +1,82 @@
+"""Decode cost of the act-order input gather: one AWQLinear at M=1 with vs without ``perm``.
+
+The Llama-7B shapes that take a gathered input in a GPTQ desc_act model (q/k/v and gate/up fuse
+only with equal permutations, so real checkpoints keep them apart; every linear pays one gather):
+q/k/v/o (K=4096, N=4096), gate/up (K=4096, N=11008), down (K=11008, N=4096). Both modules hold
+the same weights; calls are interleaved in one process (A, B, A, B, ...) so machine noise hits both.
+
+    python benchmarks/bench_act_order.py [--threads 1] [--iters 200]
+
+Prints per shape the median time with and without the gather and the ratio, plus the ratio for
+one decoder layer (the 7 linears' time summed with their weights: 4 x qkvo + 2 x gate/up + down).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from awq_inductor import testing
+from awq_inductor.nn import AWQLinear
+
+SHAPES = {"q/k/v/o": (4096, 4096, 4), "gate/up": (4096, 11008, 2), "down": (11008, 4096, 1)}
+
+
+def _module(K, N, G=128, perm=None):
+    w = torch.randn(N, K) * 0.02
+    q, z, s = testing.quantize_weight(w, G, torch.bfloat16)
+    return AWQLinear.from_canonical(q, z, s, group_size=G).set_input_perm(perm)
+
+
+def _pairs(a, b, x, iters):
+    """Per call pair (a then b, back to back): times of a and b; noise from the other processes on
+    the machine hits both calls of a pair alike."""
+    ta, tb = [], []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        a(x)
+        t1 = time.perf_counter()
+        b(x)
+        t2 = time.perf_counter()
+        ta.append(t1 - t0)
+        tb.append(t2 - t1)
+    return ta, tb
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=10)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    layer = {"plain": 0.0, "gather": 0.0}
+    print(f"threads={args.threads} iters={args.iters}x{args.rounds} bf16 M=1 G=128")
+    for name, (K, N, count) in SHAPES.items():
+        plain = _module(K, N)
+        gath = _module(K, N, perm=torch.randperm(K))
+        x = torch.randn(1, K, dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.equal(gath(x), plain.__class__.forward(gath, x))  # same module path
+            _pairs(plain, gath, x, 20)  # warm-up (kernel build, tuner, caches)
+            a, b = [], []
+            for r in range(args.rounds):  # interleaved, order alternating per round
+                if r % 2:
+                    tb_, ta_ = _pairs(gath, plain, x, args.iters // args.rounds)
+                else:
+                    ta_, tb_ = _pairs(plain, gath, x, args.iters // args.rounds)
+                a += ta_
+                b += tb_
+        ta, tb = statistics.median(a), statistics.median(b)
+        layer["plain"] += count * ta
+        layer["gather"] += count * tb
+        print(f"{name:8s} K={K:5d} N={N:5d}  plain {ta * 1e6:8.1f} us  gather {tb * 1e6:8.1f} us  "
+              f"ratio {tb / ta:.4f}")
+    print(f"decoder layer (4 qkvo + 2 gate/up + down): ratio {layer['gather'] / layer['plain']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
