@@ -27,8 +27,8 @@ def _patched():
     awq_hf.patch_transformers()
 
 
-def _make(tmp_path, qm, fmt, gs, seed=0, scales_dtype=torch.float16, **kw):
-    model = testing.build_float_model(testing.tiny_config("llama"), seed=seed)
+def _make(tmp_path, qm, fmt, gs, seed=0, scales_dtype=torch.float16, arch="llama", **kw):
+    model = testing.build_float_model(testing.tiny_config(arch), seed=seed)
     path = str(tmp_path / fmt)
     ref = testing.save_quantized(model, path, quant_method=qm, format=fmt, group_size=gs, scales_dtype=scales_dtype,
                                  **kw)
@@ -191,3 +191,23 @@ def test_gptq_act_order_compiled_one_gather_no_graph_break(tmp_path):
     torch.testing.assert_close(comp.float(), eager.float(), atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(comp.float(), want, atol=6e-2, rtol=6e-2)
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- MoE experts
+@pytest.mark.parametrize("qm,fmt", [("compressed-tensors", "compressed_tensors_asym"), ("auto-round", "autoround_gptq")])
+def test_moe_experts_new_formats(tmp_path, qm, fmt):
+    """Qwen3-MoE with per-expert int4 keys in the new formats: one AWQMoEExperts per layer, logits
+    within 1e-3 of the dequantized reference, saved back byte-identically."""
+    from awq_inductor.nn import AWQMoEExperts
+
+    path, ref = _make(tmp_path, qm, fmt, 32, arch="qwen3_moe")
+    model = _load(path)
+    assert sum(isinstance(m, AWQMoEExperts) for m in model.modules()) == model.config.num_hidden_layers
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=1e-3, rtol=1e-3)
+    out = str(tmp_path / "saved")
+    model.save_pretrained(out)
+    a, b = load_file(os.path.join(path, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    assert set(a) == set(b)
+    assert all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)

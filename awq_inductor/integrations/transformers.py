@@ -179,7 +179,7 @@ def _rename_key(key: str, model_type: Optional[str]) -> str:
     return families.rename_key(key, model_type)
 
 
-def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
+def _insert_moe_placeholders(model, skip, header: Optional[dict], first: str = "qweight") -> None:
     """Each transformers experts module (3-D ``gate_up_proj`` / ``down_proj``, names in
     ``families.FAMILIES``) whose checkpoint stores int4 experts becomes a
     :class:`CheckpointMoEExperts`: per-expert keys (``experts.0.gate_proj.qweight``: one
@@ -199,8 +199,8 @@ def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
         if fam is None or not should_convert_module(name, skip):
             continue
         names = fam.expert_names
-        fused = keys is not None and stored(f"{name}.{families.FUSED_EXPERT_NAMES[0]}.qweight")
-        if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.qweight"):
+        fused = keys is not None and stored(f"{name}.{families.FUSED_EXPERT_NAMES[0]}.{first}")
+        if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.{first}"):
             continue  # experts stored in floating point: transformers loads them as they are
         E, two_i, H = mod.gate_up_proj.shape
         with torch.device("meta"):
@@ -278,7 +278,7 @@ class _InductorQuantizer(HfQuantizer):
         self.modules_to_not_convert = skip
         headers = read_checkpoint_headers(kwargs.get("checkpoint_files"))
         header = None if headers is None else {k: v[:2] for k, v in headers.items()}
-        _insert_moe_placeholders(model, skip, header)
+        _insert_moe_placeholders(model, skip, header, fmt.tensors[0])  # qweight / weight_packed
         mt = getattr(model.config, "model_type", None)
         names = set()
         for name, _ in model.named_modules():
