@@ -9,7 +9,8 @@ the same weights; calls are interleaved in one process (A, B, A, B, ...) so mach
 
 Prints per shape the median (and 10th percentile) time with and without the gather and the
 ratio, plus the median ratio for one decoder layer (the 7 linears' time summed with their
-weights: 4 x qkvo + 2 x gate/up + down).
+weights: 4 x qkvo + 2 x gate/up + down), and next to it the A/A ratio of two modules with the
+same weights and no gather (the noise floor of the measurement on a shared machine).
 """
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ import torch
 
 from awq_inductor import testing
 from awq_inductor.nn import AWQLinear
+from awq_inductor.nn.linear import _gather_input
 
 SHAPES = {"q/k/v/o": (4096, 4096, 4), "gate/up": (4096, 11008, 2), "down": (11008, 4096, 1)}
 
 
-def _module(K, N, G=128, perm=None):
-    w = torch.randn(N, K) * 0.02
-    q, z, s = testing.quantize_weight(w, G, torch.bfloat16)
-    return AWQLinear.from_canonical(q, z, s, group_size=G).set_input_perm(perm)
+def _modules(K, N, G=128):
+    """(plain, plain copy, gathered): the same canonical weights packed three times."""
+    q, z, s = testing.quantize_weight(torch.randn(N, K) * 0.02, G, torch.bfloat16)
+    return (AWQLinear.from_canonical(q, z, s, group_size=G), AWQLinear.from_canonical(q, z, s, group_size=G),
+            AWQLinear.from_canonical(q, z, s, group_size=G).set_input_perm(torch.randperm(K)))
 
 
 def _pairs(a, b, x, iters):
@@ -60,27 +63,42 @@ def main():
     layer = {"plain": 0.0, "gather": 0.0}
     print(f"threads={args.threads} iters={args.iters}x{args.rounds} bf16 M=1 G=128")
     for name, (K, N, count) in SHAPES.items():
-        plain = _module(K, N)
-        gath = _module(K, N, perm=torch.randperm(K))
+        plain, copy, gath = _modules(K, N)
         x = torch.randn(1, K, dtype=torch.bfloat16)
         with torch.no_grad():
-            assert torch.equal(gath(x), plain.__class__.forward(gath, x))  # same module path
             _pairs(plain, gath, x, 20)  # warm-up (kernel build, tuner, caches)
-            a, b = [], []
+            _pairs(copy, gath, x, 20)
+            a, b, c = [], [], []
             for r in range(args.rounds):  # interleaved, order alternating per round
+                n = args.iters // args.rounds
                 if r % 2:
-                    tb_, ta_ = _pairs(gath, plain, x, args.iters // args.rounds)
+                    tb_, ta_ = _pairs(gath, plain, x, n)
                 else:
-                    ta_, tb_ = _pairs(plain, gath, x, args.iters // args.rounds)
+                    ta_, tb_ = _pairs(plain, gath, x, n)
                 a += ta_
                 b += tb_
-        ta, tb = statistics.median(a), statistics.median(b)
+                c += _pairs(copy, plain, x, n)[0] if r % 2 else _pairs(plain, copy, x, n)[1]
+            # the gather alone, as the module runs it at M=1 (fresh input, like the pairs)
+            g = []
+            for _ in range(args.iters):
+                xc = x.clone()
+                t0 = time.perf_counter()
+                _gather_input(xc, gath.perm)
+                g.append(time.perf_counter() - t0)
+        ta, tb, tc = statistics.median(a), statistics.median(b), statistics.median(c)
+        tg = statistics.median(g)
+        layer["gather_alone"] = layer.get("gather_alone", 0.0) + count * tg
         pa, pb = sorted(a)[len(a) // 10], sorted(b)[len(b) // 10]
         layer["plain"] += count * ta
         layer["gather"] += count * tb
+        layer["copy"] = layer.get("copy", 0.0) + count * tc
         print(f"{name:8s} K={K:5d} N={N:5d}  median: plain {ta * 1e6:8.1f} us  gather {tb * 1e6:8.1f} us  "
-              f"ratio {tb / ta:.4f}  | p10: {pa * 1e6:8.1f} / {pb * 1e6:8.1f} us ratio {pb / pa:.4f}")
-    print(f"decoder layer (4 qkvo + 2 gate/up + down): ratio {layer['gather'] / layer['plain']:.4f}")
+              f"ratio {tb / ta:.4f}  | p10: {pa * 1e6:8.1f} / {pb * 1e6:8.1f} us ratio {pb / pa:.4f}  "
+              f"| A/A noise (same weights, no gather) {tc / ta:.4f} | gather alone {tg * 1e6:.1f} us = "
+              f"{100 * tg / ta:.2f}% of plain")
+    print(f"decoder layer (4 qkvo + 2 gate/up + down): gather / plain {layer['gather'] / layer['plain']:.4f}, "
+          f"A/A noise {layer['copy'] / layer['plain']:.4f}; gathers alone {100 * layer['gather_alone'] / layer['plain']:.2f}% "
+          f"of the plain layer")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,11 @@
 #!/usr/bin/env python
 """Make int4 test vectors with the formats' OWN reference code.
 
+(awq-inductor: this is the generator of tests/data/vectors24, kept as it was run. It needs the
+reference libraries below, which are not dependencies of awq-inductor, and is NOT run by the tests
+or CI; the tests only read the committed vectors. Its output paths are the ones of the session that
+made them: copy the files to tests/data/vectors24 after a rerun.)
+
 Run with the reference venv (torch 2.13.0 cpu, transformers 5.24.0,
 compressed-tensors 0.20.0, llmcompressor 0.14.0.1 (--no-deps), auto-round 0.16.1):
 

@@ -169,6 +169,19 @@ def test_gptq_act_order_load_fusion_save(tmp_path, act_order):
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
 
 
+def test_gptq_act_order_w4a8_keeps_the_permutation(tmp_path):
+    from awq_inductor.transform import convert
+
+    path, ref = _make(tmp_path, "gptq", "gptq", 32, act_order="shared")
+    model = convert(_load(path), act_quant="int8")
+    assert model.model.layers[0].mlp.gate_up_proj.act_quant == "int8"
+    assert all(p is not None for p in _perms(model))
+    ids = _ids()
+    with torch.no_grad():
+        got, want = model(ids).logits, ref(ids).logits
+    assert float((got - want).norm() / want.norm()) < 0.03
+
+
 def test_gptq_act_order_compiled_one_gather_no_graph_break(tmp_path):
     path, ref = _make(tmp_path, "gptq", "gptq", 32, act_order="shared")
     model = _load(path, dtype=torch.bfloat16)

@@ -144,8 +144,9 @@ def check_g_idx(g_idx: Optional[torch.Tensor], K: int, G: int, where: str = "g_i
         got = f"{g_idx.dtype} {fmt_shape(g_idx.shape)}" if isinstance(g_idx, torch.Tensor) else type(g_idx).__name__
         raise ValueError(f"{where}: expected int [{K}], got {got}")
     if not torch.equal(g_idx.to(torch.int64), torch.arange(K, device=g_idx.device) // G):
-        raise ActOrderError(f"{where}: expected k // group_size (desc_act=False); act-order (desc_act=True) "
-                            "GPTQ checkpoints are not supported")
+        raise ActOrderError(f"{where}: expected k // group_size (desc_act=False); an act-order (desc_act=True) "
+                            "g_idx is supported for dense linears only (sorted at load), not for MoE experts "
+                            "or foreign int4 modules")
 
 
 def act_order_perm(g_idx: Optional[torch.Tensor], K: int, G: int, where: str = "g_idx") -> Optional[torch.Tensor]:
