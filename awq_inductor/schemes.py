@@ -54,7 +54,6 @@ class Scheme:
     unpack: Callable                # (qweight, scales, zeros, N) -> canonical (q, zeros, scales)
     header: str                     # csrc_templates/schemes/<...>: the scheme's plan for the driver
     driver: str                     # C++ entry name of the driver for this scheme (golden regions)
-    micro: Dict[str, Tuple[str, ...]]  # ISA -> csrc_templates/micro/<...> it needs (kernels.isa.ISAS)
     note: str = ""                  # appended to the op name in the generated code's comment
 
 
@@ -62,16 +61,12 @@ W4A16 = Scheme(
     name="w4a16", act_quant=None, op_prefix="int4_mm", moe_name="int4_moe", weights=(QWEIGHT, SCALES, ZEROS),
     k_per_row=2, row_bytes=packing.BLOCK_N, group_multiple=2,
     pack=packing.pack_for_kernel, unpack=packing.unpack_from_kernel,
-    header="schemes/w4a16.h.j2", driver="int4_mm_driver",
-    micro={"portable": ("micro/portable.h.j2",), "avx512": ("micro/avx512.h.j2",),
-           "amx": ("micro/avx512.h.j2", "micro/amx_bf16.h.j2")})
+    header="schemes/w4a16.h.j2", driver="int4_mm_driver")
 W4A8 = Scheme(
     name="w4a8", act_quant="int8", op_prefix="int4_mm_a8", moe_name="int4_moe_a8", weights=(QWEIGHT, SCALES, ZEROS, COMP),
     k_per_row=4, row_bytes=2 * packing.BLOCK_N, group_multiple=packing.A8_KSTEP,
     pack=packing.pack_for_int8_kernel, unpack=packing.unpack_from_int8_kernel,
-    header="schemes/w4a8.h.j2", driver="int4_mm_a8_driver", note=" (W4A8, per-token int8 x)",
-    micro={"portable": (), "avx512": ("micro/vnni_int8.h.j2",),
-           "amx": ("micro/vnni_int8.h.j2", "micro/amx_int8.h.j2")})
+    header="schemes/w4a8.h.j2", driver="int4_mm_a8_driver", note=" (W4A8, per-token int8 x)")
 SCHEMES: Dict[Optional[str], Scheme] = {s.act_quant: s for s in (W4A16, W4A8)}
 #: The ``act_quant`` values modules, the model pass and the transformers patch accept.
 ACT_QUANT_CHOICES = tuple(SCHEMES)

@@ -21,7 +21,7 @@ def test_demo_prompt_streams_text_from_the_tiny_llama(tmp_path, capsys):
 def test_demo_arch_qwen3_moe(tmp_path, capsys, monkeypatch):
     """``--arch qwen3_moe`` builds a random Qwen3-MoE checkpoint (shrunk here) and runs its experts on
     awq::int4_moe; the dense baseline (dense.safetensors) generates the same greedy tokens in fp32."""
-    from awq_inductor import __main__ as demo
+    from awq_inductor import cli as demo
 
     monkeypatch.setattr(demo, "MOE_SHAPE", dict(demo.MOE_SHAPE, vocab_size=512, hidden_size=128, num_experts=8,
                                                 num_experts_per_tok=2, moe_intermediate_size=64,

@@ -151,7 +151,7 @@ def test_measured_dense_winner_drives_the_eager_op(tune_dir, monkeypatch):
     args = op_args(name, n, K, G, bias=True, seed=5)
     calls = []
     real = dense.dense_call
-    monkeypatch.setattr(tuner, "dense_call", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(dense, "dense_call", lambda *a, **k: calls.append(a[1].shape[0]) or real(*a, **k))
     plan = tuning_cache.plan_for(OPS[name], native.get_kernel(name, torch.bfloat16).isa, torch.bfloat16, K, n, G)
     assert plan.dense_min_m == 64 and plan.source == "tuned"
     for M in (32, 63, 64, 200):

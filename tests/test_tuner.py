@@ -2,6 +2,7 @@
 on-disk cache, forced plans, and the generated code following the measured winner."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -153,7 +154,7 @@ def test_forced_dense_plan_runs_the_dense_path(monkeypatch):
     x = torch.randn(5, 256)
     calls = []
     real = dense.dense_call
-    monkeypatch.setattr(tuner, "dense_call", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(dense, "dense_call", lambda *a: calls.append(1) or real(*a))
     want = x @ lin.dequantize().t() + lin.bias
     torch.testing.assert_close(lin(x), want, rtol=1e-4, atol=1e-3)
     assert calls == []
@@ -319,3 +320,35 @@ def test_kernel_timer_times_the_call_only_and_scales_one_slice_from_large_m(monk
     for M in (1, tuner.LARGE_M, 1024):
         t = timer("panel", plan, M)
         assert N * 1e-6 <= t < N * 1e-6 + 0.02, (M, t)
+
+
+@pytest.mark.skipif(not __import__("awq_inductor.kernels.isa", fromlist=["x"]).select().avx512_bf16,
+                    reason="plans are the constants without AVX512-BF16 (nothing to tune)")
+def test_plans_are_measured_at_load_never_inside_the_first_generate(tune_dir, monkeypatch, tmp_path):
+    """from_pretrained (convert) measures each distinct op shape once, behind one progress bar; the
+    lookups the first compiled call makes (backend.tune_graph, the lowering, the eager op: all
+    ``tuning_cache.plan_for``) then measure nothing (no tuning, no log line inside streamed text)."""
+    transformers = pytest.importorskip("transformers")
+    from awq_inductor import patch_transformers, testing
+    from awq_inductor.kernels import isa as isa_mod
+    from awq_inductor.transform import op_shapes
+
+    calls = []
+
+    def fake_tune_shape(op, isa, x_dtype, K, N, G, *a, **k):
+        calls.append((op.name, K, N, G))
+        return dataclasses.replace(kplan.default_plan(), source="tuned"), {}
+
+    monkeypatch.setattr(tuner, "tune_shape", fake_tune_shape)
+    cfg = testing.tiny_config("llama", num_hidden_layers=2)
+    testing.save_quantized(testing.build_float_model(cfg), str(tmp_path / "ckpt"), format="gemm", group_size=32)
+    patch_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.bfloat16).eval()
+    # qkv, o, gate|up (+ SiLU), down: 4 distinct shapes, each measured once for both layers
+    assert len(calls) == len(set(calls)) == 4, calls
+    assert len(json.loads(open(tuning_cache.cache_path()).read())["plans"]) == 4
+    tuning_cache.forget()  # a later process: plans come from the cache file
+    for s in op_shapes(model):
+        plan = tuning_cache.plan_for(s.op, isa_mod.select(), torch.bfloat16, s.K, s.out_features, s.G)
+        assert plan.source == "cached"
+    assert len(calls) == 4  # nothing measured after load

@@ -282,14 +282,28 @@ class CheckpointFormat:
         return f"<checkpoint format {self.name!r} ({self.quant_method})>"
 
 
+#: AWQ ``version`` tags stored on disk -> the format whose tensors they hold (AutoAWQ's exllama /
+#: ipex are runtime repacks of GEMM tensors; llm-awq TinyChat is GEMVFast's layout).
+AWQ_VERSION_ALIASES = {"exllama": "gemm", "ipex": "gemm", "llm-awq": "gemv_fast"}
+
+
+def config_text(value) -> str:
+    """A config value as lower-case text (str enums such as transformers' QuantizationMethod too)."""
+    return str(getattr(value, "value", value)).lower()
+
+
+def awq_version(version) -> str:
+    """An AWQ ``version`` / ``format`` value (an enum or a string, any case) with its aliases resolved."""
+    fmt = config_text(version)
+    return AWQ_VERSION_ALIASES.get(fmt, fmt)
+
+
 class AwqFormat(CheckpointFormat):
     """An AutoAWQ ``version`` (``quant_method: awq``); its name is the version tag."""
 
     quant_method = "awq"
 
     def recognizes(self, qc):
-        from .quant_config import awq_version
-
         return awq_version(qc.get("version", qc.get("format", "gemm"))) == self.name
 
     def check_config(self, qc):

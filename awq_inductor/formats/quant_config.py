@@ -7,13 +7,10 @@ from typing import Mapping, NamedTuple, Tuple
 import torch
 
 from .autoround import AutoRoundConfigError
-from .base import CheckpointFormat
+from .base import AWQ_VERSION_ALIASES, CheckpointFormat, awq_version, config_text as _text  # noqa: F401
 from .compressed_tensors import CompressedTensorsConfigError
 from .registry import FORMATS, get
 
-#: AWQ ``version`` tags stored on disk -> the format whose tensors they hold (AutoAWQ's exllama /
-#: ipex are runtime repacks of GEMM tensors; llm-awq TinyChat is GEMVFast's layout).
-AWQ_VERSION_ALIASES = {"exllama": "gemm", "ipex": "gemm", "llm-awq": "gemv_fast"}
 
 
 class UnsupportedCheckpoint(ValueError):
@@ -23,16 +20,6 @@ class UnsupportedCheckpoint(ValueError):
 class QuantSpec(NamedTuple):
     format: CheckpointFormat
     group_size: int
-
-
-def _text(value) -> str:
-    return str(getattr(value, "value", value)).lower()  # str enums (transformers' QuantizationMethod) too
-
-
-def awq_version(version) -> str:
-    """An AWQ ``version`` / ``format`` value (an enum or a string, any case) with its aliases resolved."""
-    fmt = _text(version)
-    return AWQ_VERSION_ALIASES.get(fmt, fmt)
 
 
 def awq_format(version) -> CheckpointFormat:

@@ -142,11 +142,15 @@ def install_cpu_key_pass() -> None:
 
 
 def _inductor_isa() -> str:
+    """The most capable of our ISAs whose Inductor vector ISA (``Isa.inductor_vec_isa``) is the one
+    ``pick_vec_isa()`` compiles for (or a subclass of it: VecAMX is a VecAVX512)."""
     if _MISSING_API is not None:  # no template will be generated; the key stays computable
         return "portable"
     vec = pick_vec_isa()  # also requests the AMX permission where Inductor uses AMX
-    return "amx" if isinstance(vec, VecAMX) and bool(vec) else "avx512" if isinstance(vec, VecAVX512) and bool(vec) \
-        else "portable"
+    classes = {"VecAMX": VecAMX, "VecAVX512": VecAVX512}
+    fits = [i for i in isa_mod.REGISTRY.values()
+            if i.inductor_vec_isa is None or (isinstance(vec, classes[i.inductor_vec_isa]) and bool(vec))]
+    return max(fits, key=lambda i: i.rank)
 
 
 def choose_isa() -> str:

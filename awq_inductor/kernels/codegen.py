@@ -110,7 +110,7 @@ def render_header(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
     kw = dict(isa=isa, x_dtype=dtype_name(x_dtype), tile_m=TILE_M, tile_n=TILE_N,
               amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m),
               bf16_f32_min_m=BF16_F32_MIN_M, amx_emulate=emu, gcc_target=isa_mod.gcc_target(isa, emu))
-    names = _RUNTIME + (scheme.header,) + scheme.micro[isa]
+    names = _RUNTIME + (scheme.header,) + isa.micro[scheme.name]
     return "\n".join(_render(n, **kw) for n in names)
 
 

@@ -38,10 +38,11 @@ class Isa(str):
     the ``#pragma GCC target`` string, capabilities, and Inductor's matching vector ISA class."""
 
     def __new__(cls, name: str, *, rank: int, flags: Tuple[str, ...], gcc_target: str, avx512_bf16: bool,
-                amx: bool, inductor_vec_isa: Optional[str]):
+                amx: bool, inductor_vec_isa: Optional[str], micro: Dict[str, Tuple[str, ...]]):
         self = super().__new__(cls, name)
         self.name, self.rank, self.flags, self.gcc_target = name, rank, tuple(flags), gcc_target
         self.avx512_bf16, self.amx, self.inductor_vec_isa = avx512_bf16, amx, inductor_vec_isa
+        self.micro = dict(micro)  # scheme name -> the csrc_templates/micro/ kernels it renders for this ISA
         return self
 
     def __reduce__(self):  # pickles (and copies) as its name: the registry holds the one record
@@ -57,13 +58,17 @@ _AVX512_TARGET = "avx512f,avx512dq,avx512vl,avx512bw,avx512bf16,avx512vnni,fma,f
 _AMX_TARGET = "amx-tile,amx-bf16,amx-int8"
 
 #: The ISAs, least capable first. ``avx512_bf16``: the AVX512-BF16 / VNNI kernels (and the heads'
-#: GEMVs, the attention kernels) compile and run; ``amx``: the AMX tile micro-kernels.
+#: GEMVs, the attention kernels) compile and run; ``amx``: the AMX tile micro-kernels; ``micro``: the
+#: micro-kernel templates each scheme renders for the ISA (Inductor's register_micro_gemm, as data).
 REGISTRY: Dict[str, Isa] = {i.name: i for i in (
-    Isa("portable", rank=0, flags=(), gcc_target="", avx512_bf16=False, amx=False, inductor_vec_isa=None),
+    Isa("portable", rank=0, flags=(), gcc_target="", avx512_bf16=False, amx=False, inductor_vec_isa=None,
+        micro={"w4a16": ("micro/portable.h.j2",), "w4a8": ()}),
     Isa("avx512", rank=1, flags=_AVX512_FLAGS, gcc_target=_AVX512_TARGET, avx512_bf16=True, amx=False,
-        inductor_vec_isa="VecAVX512"),
+        inductor_vec_isa="VecAVX512", micro={"w4a16": ("micro/avx512.h.j2",), "w4a8": ("micro/vnni_int8.h.j2",)}),
     Isa("amx", rank=2, flags=_AVX512_FLAGS + _AMX_FLAGS, gcc_target=_AVX512_TARGET + "," + _AMX_TARGET,
-        avx512_bf16=True, amx=True, inductor_vec_isa="VecAMX"),
+        avx512_bf16=True, amx=True, inductor_vec_isa="VecAMX",
+        micro={"w4a16": ("micro/avx512.h.j2", "micro/amx_bf16.h.j2"),
+               "w4a8": ("micro/vnni_int8.h.j2", "micro/amx_int8.h.j2")}),
 )}
 ISAS = tuple(REGISTRY)
 assert set(ISAS) == set(config.ISAS), "config.ISAS names the registered ISAs (config.force_isa choices)"

@@ -213,6 +213,26 @@ def parse_shapes(text: str, G: int, act_quant: Optional[str] = None) -> List[Sha
     return out
 
 
+def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool] = None) -> int:
+    """Measure now every shape of ``shapes`` that has no plan yet (``config.tune == "auto"`` only;
+    one progress bar, no log line per shape): the model pass calls it when a model is converted, so
+    the first ``generate`` (and the text it streams) never waits for the tuner. Returns the number
+    of shapes measured."""
+    from ..progress import track
+    from . import isa as isa_mod
+
+    isa = isa_mod.select()
+    if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
+        return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
+    path, n = cache_path(), threads()
+    todo = [s for s in dict.fromkeys(shapes) if (n, shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)) not in _memo
+            and _cached(path, shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)) is None]
+    for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
+        plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
+        store(shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G), plan, times)
+    return len(todo)
+
+
 def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = None, show: Optional[bool] = None,
                 retune: bool = False) -> List[Tuple[Shape, Plan]]:
     """Fill the cache for ``shapes`` (a progress bar on a terminal); shapes already cached are

@@ -102,17 +102,21 @@ def _read_int4(reader: _SliceReader, key: str, fmt: formats.CheckpointFormat, G:
     for k in keys.values():
         if k not in reader:
             raise TPError(f"{name}: checkpoint tensor {k} is missing")
-    g_idx = reader.get(f"{key}.g_idx") if fmt.has_g_idx and f"{key}.g_idx" in reader else None
+    g_idx = reader.get(f"{key}.g_idx") if f"{key}.g_idx" in reader else None
     index = fmt.row_slices(*rows) if rows is not None else fmt.col_slices(*cols, G)
     perm = None
     try:
-        if index is not None and g_idx is None:
+        if g_idx is not None and hasattr(fmt, "unpack_act_order"):  # GPTQ: k // G, or act-order
+            perm = formats.base.act_order_perm(g_idx, K, G, where=f"{key}.g_idx")
+        elif g_idx is not None:  # read whole (K values) and checked before any slice is unpacked
+            formats.check_g_idx(g_idx, K, G)
+        if index is not None and perm is None:
             return fmt.unpack(*(reader.get(keys[t], *index[t]) for t in fmt.tensors), G), None
         stored = [reader.get(keys[t]) for t in fmt.tensors]
-        if g_idx is not None and hasattr(fmt, "unpack_act_order"):
+        if perm is not None:
             (q, z, s), perm = fmt.unpack_act_order(*stored, G, g_idx)
         else:
-            q, z, s = fmt.unpack(*stored, G, g_idx=g_idx)
+            q, z, s = fmt.unpack(*stored, G)
     except ValueError as e:
         raise TPError(f"{name}: {e}") from e
     if rows is not None:  # whole, sliced in canonical form

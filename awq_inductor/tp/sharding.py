@@ -10,7 +10,7 @@ from torch import nn
 from ..formats import source_of
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 from ..nn.head import Bf16HeadLinear
-from ..transform.model_pass import OutputSlice
+from ..transform.model_pass import OutputSlice, tune_model
 from .layers import ParallelMoEExperts, RowParallelLinear, TPError, VocabParallelLMHead
 
 #: dense heads (convert's default lm_head="bf16" switches a bf16 nn.Linear to Bf16HeadLinear in place)
@@ -312,6 +312,7 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
         for attr in ("num_heads", "num_key_value_heads"):
             if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, getattr(m, attr) // world)
+    tune_model(model)  # the rank's shapes (tuned at load, not inside the first generate)
     model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
                      "num_key_value_heads": hkv_all, "attention_layers": len(attns), "mlp_layers": n_mlp,
                      "moe_layers": n_moe,

@@ -61,7 +61,8 @@ from torch import nn
 from .. import formats, packing
 from ..families import FUSIONS, GATED_MLP_BODIES
 from ..formats import CheckpointSource, source_of
-from ..nn import AWQGateUpSiluMul, AWQLinear, CheckpointInt4Linear
+from ..kernels import tuning_cache
+from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts, CheckpointInt4Linear
 from ..nn.checkpoint import to_awq_linear
 from ..nn.linear import same_perm
 from ..nn.head import LM_HEAD_CHOICES, quantize_lm_head
@@ -401,7 +402,42 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
 
         use_fp32_decode_attention(model)
     model._awq_inductor_converted = True
+    tune_model(model, progress=progress)
     return model
+
+
+def activation_dtype(model: nn.Module) -> Optional[torch.dtype]:
+    """The dtype activations will have: the input embedding's (else the first floating parameter
+    outside our int4 modules, whose fp32 scales say nothing about x); None if there is none."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if isinstance(getattr(emb, "weight", None), torch.Tensor) and emb.weight.is_floating_point():
+        return emb.weight.dtype
+    int4 = {id(t) for m in model.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul, AWQMoEExperts))
+            for t in m.buffers()}
+    return next((p.dtype for p in model.parameters() if p.is_floating_point() and id(p) not in int4), None)
+
+
+def op_shapes(model: nn.Module) -> List[tuning_cache.Shape]:
+    """Every distinct int4 GEMM shape the model's ops run (the experts op runs two: gate|up, down)."""
+    shapes = []
+    for m in model.modules():
+        if isinstance(m, (AWQLinear, AWQGateUpSiluMul)):
+            shapes.append(tuning_cache.Shape(m.op, m.in_features, m.out_features, m.group_size))
+        elif isinstance(m, AWQMoEExperts):
+            H, I, G = m.hidden_size, m.intermediate_size, m.group_size
+            shapes += [tuning_cache.Shape(m.op.w13, H, I, G), tuning_cache.Shape(m.op.w2, I, H, G)]
+    return list(dict.fromkeys(shapes))
+
+
+def tune_model(model: nn.Module, x_dtype: Optional[torch.dtype] = None, progress: Optional[bool] = None) -> int:
+    """Measure the kernel plans of the model's op shapes now, at load (``config.tune == "auto"``,
+    shapes without a cached plan only; one progress bar), so the first compiled call neither tunes
+    nor logs inside streamed text. ``convert`` and ``tp.shard`` call it. Returns the shapes measured."""
+    x_dtype = x_dtype or activation_dtype(model)
+    if x_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return 0
+    return tuning_cache.tune_missing(op_shapes(model), x_dtype, show=progress)
 
 
 def count_int4_linears(module: nn.Module) -> int:
