@@ -40,6 +40,23 @@ def quantize_weight(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype 
     return (q.reshape(N, K).to(torch.uint8), z.to(torch.uint8), s.to(scales_dtype))
 
 
+def quantize_weight_sym(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype = torch.float16
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Symmetric int4 (compressed-tensors' W4A16 formula, ``s = max|w| / 7.5``; zero exactly 8) ->
+    canonical, for the symmetric formats (compressed-tensors sym, AutoRound auto_gptq)."""
+    N, K = w.shape
+    G = formats.resolve_group_size(group_size, K)
+    wg = w.detach().to(torch.float32).reshape(N, K // G, G)
+    s = (wg.abs().amax(-1) / 7.5).clamp(min=1e-5).to(scales_dtype).to(torch.float32)
+    q = torch.clamp(torch.round(wg / s[..., None]) + 8, 0, 15)
+    z = torch.full((N, K // G), 8, dtype=torch.uint8)
+    return q.reshape(N, K).to(torch.uint8), z, s.to(scales_dtype)
+
+
+def _quantize_for(fmt, w, group_size, scales_dtype):
+    return (quantize_weight_sym if fmt.symmetric else quantize_weight)(w, group_size, scales_dtype)
+
+
 def dequantize(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """fp32 [N, K] weight of a canonical triple."""
     return packing.dequantize_canonical(q, zeros, scales, formats.resolve_group_size(group_size, q.shape[1]))
@@ -114,7 +131,7 @@ def _quantize_experts(name, mod, names, ref, sd, quant_method, format, group_siz
                  ((f"{e}.{names[0]}", w_gu[:I], r.gate_up_proj[e, :I]), (f"{e}.{names[1]}", w_gu[I:], r.gate_up_proj[e, I:]),
                   (f"{e}.{names[2]}", w_d, r.down_proj[e])))
         for part, w, dst in parts:
-            q, z, s = quantize_weight(w, group_size, scales_dtype)
+            q, z, s = _quantize_for(formats.get(format), w, group_size, scales_dtype)
             G = formats.resolve_group_size(group_size, w.shape[1])
             for t, v in _pack_linear(q, z, s, G, quant_method, format).items():
                 stacked.setdefault(f"{name}.{part}.{t}", []).append(v)
@@ -151,20 +168,45 @@ def _should_quantize(name: str, skip: Iterable[str]) -> bool:
 
 
 def quantization_config(quant_method: str, format: str, group_size: int,
-                        modules_to_not_convert: Optional[list] = None) -> Dict:
+                        modules_to_not_convert: Optional[list] = None, act_order: Optional[str] = None) -> Dict:
     fmt = formats.get(format)
     if fmt.quant_method != quant_method:
         raise ValueError(f"quant_method: expected {fmt.quant_method!r} for format {format!r}, got {quant_method!r}")
-    return fmt.quantization_config(group_size, modules_to_not_convert)
+    qc = fmt.quantization_config(group_size, modules_to_not_convert)
+    if act_order:
+        qc["desc_act"] = True
+    return qc
+
+
+ACT_ORDERS = (None, "per_layer", "shared")
+
+
+def _act_order_perm(name: str, K: int, act_order: Optional[str], seed: int) -> Optional[torch.Tensor]:
+    """A random input permutation standing in for GPTQ's Hessian order: one per linear
+    (``per_layer``), or one per module input shared by q/k/v and by gate/up (``shared``: what a real
+    act-order checkpoint never has, but the fusion path must handle)."""
+    if act_order is None:
+        return None
+    if act_order not in ACT_ORDERS:
+        raise ValueError(f"act_order: expected one of {ACT_ORDERS}, got {act_order!r}")
+    key = name.rpartition(".")[0] if act_order == "shared" and name.rpartition(".")[2] in (
+        "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") else name
+    g = torch.Generator().manual_seed(seed + sum(ord(c) * (i + 1) for i, c in enumerate(key)))
+    return torch.randperm(K, generator=g)
 
 
 def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", format: str = "gemm",
                            group_size: int = 32, modules_to_not_convert: Optional[list] = None,
                            scales_dtype: torch.dtype = torch.float16, progress: Optional[bool] = None,
-                           fused_experts: bool = False):
+                           fused_experts: bool = False, act_order: Optional[str] = None, seed: int = 0):
     """(checkpoint state dict, reference float model). See module doc. ``progress``: a tqdm bar
     (None: on a terminal only). ``fused_experts``: MoE experts as fused 3-D tensors
-    (``mlp.experts.gate_up_proj.qweight`` [E, ...]) instead of per-expert keys."""
+    (``mlp.experts.gate_up_proj.qweight`` [E, ...]) instead of per-expert keys. ``act_order``
+    (GPTQ only): a GPTQ desc_act checkpoint, each linear quantized in a random column order
+    (:func:`_act_order_perm`) and stored like AutoGPTQ does (q in the original order, g_idx)."""
+    fmt = formats.get(format)
+    if act_order is not None and not hasattr(fmt, "pack_act_order"):
+        raise ValueError(f"act_order: only GPTQ formats store g_idx act-order, got format {format!r}")
     skip = list(modules_to_not_convert or [])
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ref = copy.deepcopy(model)
@@ -176,15 +218,22 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
         _quantize_experts(name, m, names, ref, sd, quant_method, format, group_size, scales_dtype, fused_experts)
         quantized.add(name)
     for name, m in track(linears, "quantizing", progress):
-        q, z, s = quantize_weight(m.weight, group_size, scales_dtype)
+        perm = _act_order_perm(name, m.in_features, act_order, seed)
+        w = m.weight if perm is None else m.weight[:, perm]
+        q, z, s = _quantize_for(fmt, w, group_size, scales_dtype)
         G = formats.resolve_group_size(group_size, m.in_features)
-        for t, v in _pack_linear(q, z, s, G, quant_method, format).items():
+        packed = _pack_linear(q, z, s, G, quant_method, format) if perm is None else \
+            fmt.pack_act_order(q, z, s, G, perm)
+        for t, v in packed.items():
             sd[f"{name}.{t}"] = v
         if m.bias is not None:
             sd[f"{name}.bias"] = m.bias.detach().to(scales_dtype).clone()
         with torch.no_grad():
             r = ref.get_submodule(name)
-            r.weight.copy_(dequantize(q, z, s, G).to(r.weight.dtype))
+            wd = dequantize(q, z, s, G)
+            if perm is not None:
+                wd = wd.index_select(1, formats.base.invert_perm(perm))
+            r.weight.copy_(wd.to(r.weight.dtype))
             if r.bias is not None:
                 r.bias.copy_(m.bias.detach().to(scales_dtype).to(r.bias.dtype))
         quantized.add(name)
@@ -199,21 +248,23 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
 def save_quantized(model: nn.Module, path: str, *, quant_method: str = "awq", format: str = "gemm",
                    group_size: int = 32, modules_to_not_convert: Optional[list] = None,
                    scales_dtype: torch.dtype = torch.float16, extra_tensors: Optional[Dict[str, torch.Tensor]] = None,
-                   progress: Optional[bool] = None, fused_experts: bool = False):
-    """Quantize ``model`` into a real AWQ/GPTQ checkpoint folder at ``path``; return the
-    dequantized float reference model. ``extra_tensors`` are added verbatim (error tests)."""
+                   progress: Optional[bool] = None, fused_experts: bool = False, act_order: Optional[str] = None):
+    """Quantize ``model`` into a real checkpoint folder at ``path`` (any registered format:
+    AWQ, GPTQ, compressed-tensors, AutoRound); return the dequantized float reference model.
+    ``extra_tensors`` are added verbatim (error tests). ``act_order``: see :func:`quantize_to_state_dict`."""
     from safetensors.torch import save_file
 
     sd, ref = quantize_to_state_dict(model, quant_method=quant_method, format=format, group_size=group_size,
                                      modules_to_not_convert=modules_to_not_convert, scales_dtype=scales_dtype,
-                                     progress=progress, fused_experts=fused_experts)
+                                     progress=progress, fused_experts=fused_experts, act_order=act_order)
     if extra_tensors:
         sd.update(extra_tensors)
     os.makedirs(path, exist_ok=True)
     save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(path, "model.safetensors"),
               metadata={"format": "pt"})
     cfg = model.config.to_dict()
-    cfg["quantization_config"] = quantization_config(quant_method, format, group_size, modules_to_not_convert)
+    cfg["quantization_config"] = quantization_config(quant_method, format, group_size, modules_to_not_convert,
+                                                     act_order)
     cfg.setdefault("architectures", [type(model).__name__])
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, default=str)

@@ -29,6 +29,13 @@ CHECKPOINT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"
 # (quant_method, checkpoint format) of every format we load
 FORMATS = (("awq", "gemm"), ("awq", "gemv"), ("awq", "gemv_fast"), ("gptq", "gptq"))
 GROUP_SIZES = (32, 64, 128)
+#: the formats of issue #24 (quant_method, format, act_order): compressed-tensors (bf16 scales, as
+#: llm-compressor writes them), AutoRound's four packings, GPTQ act-order (a random column order per
+#: linear stands in for GPTQ's Hessian order: the layout and the gather are what is exercised)
+NEW_FORMATS = (("compressed-tensors", "compressed_tensors", None), ("compressed-tensors", "compressed_tensors_asym", None),
+               ("auto-round", "autoround_gptq", None), ("auto-round", "autoround", None),
+               ("auto-round", "autoround_gptqmodel", None), ("auto-round", "autoround_awq", None),
+               ("gptq", "gptq", "per_layer"))
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
@@ -114,13 +121,16 @@ def forced_agreement(model, prompt: torch.Tensor, ref_tokens: torch.Tensor) -> f
 
 
 def save_quantized_checkpoint(path: str, quant_method: str = "awq", format: str = "gemm", group_size: int = 128,
-                              dense=None):
+                              dense=None, act_order=None):
     """Quantize the tiny model (every decoder linear; ``lm_head`` stays dense) into a real checkpoint
     folder at ``path`` (with the tokenizer files); return the dequantized fp32 reference model.
-    ``dense``: the fp32 dense model, if already loaded."""
+    ``dense``: the fp32 dense model, if already loaded. compressed-tensors gets bf16 scales (what
+    llm-compressor writes), the rest fp16. ``act_order``: see :func:`testing.quantize_to_state_dict`."""
     if dense is None:
         dense = load_dense(torch.float32)
-    ref = testing.save_quantized(dense, path, quant_method=quant_method, format=format, group_size=group_size)
+    sdt = torch.bfloat16 if quant_method == "compressed-tensors" else torch.float16
+    ref = testing.save_quantized(dense, path, quant_method=quant_method, format=format, group_size=group_size,
+                                 scales_dtype=sdt, act_order=act_order)
     for name in TOKENIZER_FILES:
         src = os.path.join(checkpoint_dir(), name)
         if os.path.exists(src):

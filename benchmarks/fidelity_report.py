@@ -10,6 +10,10 @@ context). Prints a markdown table (the one in the README).
 
     python benchmarks/fidelity_report.py                 # compiled columns for AWQ gemm G=128
     python benchmarks/fidelity_report.py --compiled all  # compiled columns for every checkpoint
+    python benchmarks/fidelity_report.py --only new      # only the issue #24 formats (G=128)
+
+The issue #24 formats (``tiny_model.NEW_FORMATS``: compressed-tensors sym / asym, AutoRound's four
+packings, GPTQ act-order) are scored at G=128, compiled columns with ``--compiled all``.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ def main(argv=None):
                    help="compiled columns for every checkpoint, only AWQ gemm G=128 (the demo's; default), "
                    "or none")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--only", choices=["all", "new", "old"], default="all",
+                   help="all rows, only the issue #24 formats (G=128), or only the AWQ / GPTQ rows")
     args = p.parse_args(argv)
 
     import transformers
@@ -73,30 +79,34 @@ def main(argv=None):
         finally:
             torch._dynamo.reset()
 
+    cases = [] if args.only == "new" else [(qm, fmt, g, None) for qm, fmt in tiny_model.FORMATS
+                                           for g in tiny_model.GROUP_SIZES]
+    if args.only != "old":
+        cases += [(qm, fmt, 128, ao) for qm, fmt, ao in tiny_model.NEW_FORMATS]
     with tempfile.TemporaryDirectory() as tmp:
-        for qm, fmt in tiny_model.FORMATS:
-            for g in tiny_model.GROUP_SIZES:
-                path = os.path.join(tmp, f"{fmt}-g{g}")
-                ref = tiny_model.save_quantized_checkpoint(path, qm, fmt, g, dense=dense)
-                r = {"ref fp32": tiny_model.perplexity(ref, ids, L)}
-                ref_tokens = tiny_model.greedy(ref, ids[:, :PROMPT], NEW)
-                for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
-                    m = load(path, dtype)
-                    r[f"eager {name}"] = tiny_model.perplexity(m, ids, L)
-                    if name != "fp16":
-                        same = int((tiny_model.greedy(m, ids[:, :PROMPT], NEW) == ref_tokens).sum())
-                        r[f"greedy {name}"] = f"{same}/{NEW}"
-                    if name == "bf16":
-                        forced = tiny_model.forced_agreement(m, ids[:, :PROMPT], ref_tokens)
-                        r["forced bf16"] = f"{round(forced * NEW)}/{NEW}"
-                for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
-                    r[f"W4A8 {name}"] = tiny_model.perplexity(load(path, dtype, "int8"), ids, L)
-                if args.compiled == "all" or (args.compiled == "gemm128" and (fmt, g) == ("gemm", 128)):
-                    r["compiled fp32"] = compiled_ppl(path, torch.float32)
-                    r["compiled bf16"] = compiled_ppl(path, torch.bfloat16)
-                    r["compiled W4A8 bf16"] = compiled_ppl(path, torch.bfloat16, "int8")
-                rows.append((f"{fmt} G={g}", r))
-                print(f"  {fmt} G={g} done ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+        for qm, fmt, g, act_order in cases:
+            label = f"{fmt}{' act-order' if act_order else ''}"
+            path = os.path.join(tmp, f"{fmt}-g{g}-{act_order}")
+            ref = tiny_model.save_quantized_checkpoint(path, qm, fmt, g, dense=dense, act_order=act_order)
+            r = {"ref fp32": tiny_model.perplexity(ref, ids, L)}
+            ref_tokens = tiny_model.greedy(ref, ids[:, :PROMPT], NEW)
+            for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16"), (torch.float16, "fp16")):
+                m = load(path, dtype)
+                r[f"eager {name}"] = tiny_model.perplexity(m, ids, L)
+                if name != "fp16":
+                    same = int((tiny_model.greedy(m, ids[:, :PROMPT], NEW) == ref_tokens).sum())
+                    r[f"greedy {name}"] = f"{same}/{NEW}"
+                if name == "bf16":
+                    forced = tiny_model.forced_agreement(m, ids[:, :PROMPT], ref_tokens)
+                    r["forced bf16"] = f"{round(forced * NEW)}/{NEW}"
+            for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+                r[f"W4A8 {name}"] = tiny_model.perplexity(load(path, dtype, "int8"), ids, L)
+            if args.compiled == "all" or (args.compiled == "gemm128" and (fmt, g) == ("gemm", 128)):
+                r["compiled fp32"] = compiled_ppl(path, torch.float32)
+                r["compiled bf16"] = compiled_ppl(path, torch.bfloat16)
+                r["compiled W4A8 bf16"] = compiled_ppl(path, torch.bfloat16, "int8")
+            rows.append((f"{label} G={g}", r))
+            print(f"  {label} G={g} done ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
 
     def cell(v, ref):
         if v is None:

@@ -100,6 +100,21 @@ def test_tiny_llama_is_a_real_language_model(data):
     assert _rel(tiny_model.perplexity(dense_bf16, ids, SEQ), ppl) < 0.02
 
 
+# ------------------------------------------------------------------------------ issue #24 formats, G=128
+@pytest.mark.parametrize("qm,fmt,act_order", tiny_model.NEW_FORMATS,
+                         ids=[f + ("-act_order" if a else "") for _, f, a in tiny_model.NEW_FORMATS])
+def test_new_formats_eager_fp32_perplexity(data, tmp_path, qm, fmt, act_order):
+    """compressed-tensors, AutoRound and GPTQ act-order checkpoints of the tiny model: our fp32
+    eager perplexity equals the dequantized reference's, which stays near the dense model's."""
+    tok, ids, dense = data
+    ref = tiny_model.save_quantized_checkpoint(str(tmp_path), qm, fmt, 128, dense=dense, act_order=act_order)
+    ref_ppl = tiny_model.perplexity(ref, ids, SEQ)
+    assert ref_ppl < tiny_model.perplexity(dense, ids, SEQ) * 1.25
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32).eval()
+    assert count_int4_linears(model) == (7 if act_order else 4) * model.config.num_hidden_layers
+    assert _rel(tiny_model.perplexity(model, ids, SEQ), ref_ppl) < 1e-3
+
+
 # ------------------------------------------------------------------------------ eager, every format and G
 @pytest.mark.parametrize("case", EAGER_CASES, ids=_id)
 def test_eager_fp32_perplexity_matches_dequantized_reference(data, checkpoint, case):

@@ -201,16 +201,21 @@ def test_marlin_version_raises(tmp_path):
         _load(path)
 
 
-def test_desc_act_gptq_raises(tmp_path):
+def test_desc_act_gptq_with_trivial_g_idx_loads(tmp_path):
+    # desc_act=True is supported (act-order: tests/test_load_new_formats.py); a g_idx equal to
+    # k // G (static_groups) needs no permutation at all
     import json
 
-    path, _ = _make(tmp_path, "llama", "gptq", "gptq", 32)
+    path, ref = _make(tmp_path, "llama", "gptq", "gptq", 32)
     cfg_path = os.path.join(path, "config.json")
     cfg = json.load(open(cfg_path))
     cfg["quantization_config"]["desc_act"] = True
     json.dump(cfg, open(cfg_path, "w"))
-    with pytest.raises(NotImplementedError, match="desc_act"):
-        _load(path)
+    model = _load(path)
+    assert all(m.perm is None for m in model.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul)))
+    ids = _ids()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
 
 
 # ---------------------------------------------------------------------------------------------- compile

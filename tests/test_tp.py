@@ -25,7 +25,8 @@ from awq_inductor.nn.head import Bf16HeadLinear  # noqa: E402
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
 ARCHS = ("llama", "qwen2", "qwen3_moe")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias; Qwen3-MoE: 8 experts
 DENSE_ARCHS = ARCHS[:2]  # tp.load (the per-rank loader) reads dense models only
-LOADER_CASES = (("llama", "gptq", "gptq"), ("qwen2", "awq", "gemv"))  # tp.load only, besides the gemm cases
+LOADER_CASES = (("llama", "gptq", "gptq"), ("qwen2", "awq", "gemv"),  # tp.load only, besides the gemm cases
+                ("llama", "compressed-tensors", "compressed_tensors_asym"))
 
 
 def _free_port() -> int:
@@ -318,6 +319,30 @@ def test_load_equals_load_convert_shard(tmp_path, arch, qm, fmt):
             b = tp.load(path, rank=r, world_size=2, dtype=torch.float32, act_quant="int8").state_dict()
             assert a.keys() == b.keys() and any(k.endswith(".comp") for k in a)
             assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("arch,qm,fmt", [("llama", "compressed-tensors", "compressed_tensors"),
+                                         ("qwen2", "auto-round", "autoround_awq"),
+                                         ("llama", "auto-round", "autoround_gptq")])
+def test_load_equals_shard_new_formats(tmp_path, arch, qm, fmt):
+    """compressed-tensors and AutoRound checkpoints: tp.load per rank == shard(from_pretrained)."""
+    test_load_equals_load_convert_shard(tmp_path, arch, qm, fmt)
+
+
+def test_act_order_row_parallel_split_names_the_layer(tmp_path):
+    """GPTQ act-order: column-parallel layers keep their permutation; a row-parallel layer whose
+    sorted K slice holds other ranks' input columns is refused by name (tp.shard and tp.load)."""
+    cfg = testing.tiny_config("llama")
+    path = str(tmp_path / "ao")
+    testing.save_quantized(testing.build_float_model(cfg, seed=0), path, quant_method="gptq", format="gptq",
+                           group_size=32, act_order="per_layer")
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.self_attn\.o_proj: act-order .*row-parallel"):
+        tp.shard(_load(path), rank=0, world_size=2)
+    with pytest.raises(tp.TPError, match=r"model\.layers\.0\.self_attn\.o_proj: act-order .*row-parallel"):
+        tp.load(path, rank=0, world_size=2, dtype=torch.float32)
+    # world size 1: nothing to split, the permutations are kept
+    m = tp.load(path, rank=0, world_size=1, dtype=torch.float32)
+    assert all(x.perm is not None for x in m.modules() if isinstance(x, AWQLinear))
 
 
 @pytest.mark.parametrize("qm,fmt", [("awq", "gemm"), ("gptq", "gptq"), ("awq", "gemv")])

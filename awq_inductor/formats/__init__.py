@@ -15,10 +15,13 @@ from .awq_gemv import AwqGemv, calculate_zeros_width, pack_gemv, unpack_gemv
 from .awq_gemv_fast import GEMV_FAST_INTERLEAVE, GEMV_FAST_KSTRIDE, AwqGemvFast, pack_gemv_fast, unpack_gemv_fast
 from .base import (ActOrderError, Canonical, CheckpointFormat, CheckpointSource, check_canonical, check_g_idx,
                    resolve_group_size, source_of)
+from .autoround import AutoRoundAwq, AutoRoundGptq, autoround_formats
+from .compressed_tensors import CompressedTensors, pack_compressed_tensors, unpack_compressed_tensors
 from .gptq import Gptq, pack_gptq, unpack_gptq
 from .registry import FORMATS, get, names, register
 
-for _fmt in (AwqGemm(), AwqGemv(), AwqGemvFast(), Gptq("gptq"), Gptq("gptq_v2")):
+for _fmt in (AwqGemm(), AwqGemv(), AwqGemvFast(), Gptq("gptq"), Gptq("gptq_v2"), CompressedTensors(True),
+             CompressedTensors(False), *autoround_formats()):
     register(_fmt)
 
 from .quant_config import (AWQ_VERSION_ALIASES, QuantSpec, UnsupportedCheckpoint, awq_format,  # noqa: E402
@@ -29,7 +32,8 @@ AWQ_FORMATS = names("awq")
 GPTQ_FORMATS = names("gptq")
 
 __all__ = [
-    "ActOrderError", "AWQ_FORMATS", "AWQ_ORDER", "AWQ_REVERSE_ORDER", "AWQ_VERSION_ALIASES", "Canonical",
+    "ActOrderError", "AutoRoundAwq", "AutoRoundGptq", "CompressedTensors", "pack_compressed_tensors",
+    "unpack_compressed_tensors", "AWQ_FORMATS", "AWQ_ORDER", "AWQ_REVERSE_ORDER", "AWQ_VERSION_ALIASES", "Canonical",
     "CheckpointFormat", "CheckpointSource", "FORMATS", "GEMV_FAST_INTERLEAVE", "GEMV_FAST_KSTRIDE", "GPTQ_FORMATS",
     "QuantSpec", "UnsupportedCheckpoint", "awq_format", "calculate_zeros_width", "check_canonical", "check_g_idx",
     "checkpoint_shapes", "from_quantization_config", "get", "gptq_format", "infer_shape", "is_foreign_int4_linear",

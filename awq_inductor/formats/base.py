@@ -144,8 +144,37 @@ def check_g_idx(g_idx: Optional[torch.Tensor], K: int, G: int, where: str = "g_i
         got = f"{g_idx.dtype} {fmt_shape(g_idx.shape)}" if isinstance(g_idx, torch.Tensor) else type(g_idx).__name__
         raise ValueError(f"{where}: expected int [{K}], got {got}")
     if not torch.equal(g_idx.to(torch.int64), torch.arange(K, device=g_idx.device) // G):
-        raise ActOrderError(f"{where}: expected k // group_size (desc_act=False); act-order (desc_act=True) "
-                            "GPTQ checkpoints are not supported")
+        raise ActOrderError(f"{where}: expected k // group_size (desc_act=False); an act-order (desc_act=True) "
+                            "g_idx is supported for dense linears only (sorted at load), not for MoE experts "
+                            "or foreign int4 modules")
+
+
+def act_order_perm(g_idx: Optional[torch.Tensor], K: int, G: int, where: str = "g_idx") -> Optional[torch.Tensor]:
+    """The input permutation of an act-order ``g_idx`` (None when g_idx is None or ``k // G``):
+    ``perm = argsort(g_idx, stable)``, so that ``g_idx[perm] == k // G`` (contiguous groups of
+    exactly G; anything else is refused). ``W[:, perm]`` is then an ordinary grouped weight and
+    ``x @ W.T == x[:, perm] @ W[:, perm].T``; stable keeps each group's original column order."""
+    if g_idx is None:
+        return None
+    if not isinstance(g_idx, torch.Tensor) or tuple(g_idx.shape) != (K,) or g_idx.is_floating_point():
+        got = f"{g_idx.dtype} {fmt_shape(g_idx.shape)}" if isinstance(g_idx, torch.Tensor) else type(g_idx).__name__
+        raise ValueError(f"{where}: expected int [{K}], got {got}")
+    g = g_idx.to(torch.int64)
+    want = torch.arange(K, device=g.device) // G
+    if torch.equal(g, want):
+        return None
+    perm = torch.argsort(g, stable=True)
+    if not torch.equal(g[perm], want):
+        counts = torch.bincount(g.clamp(min=0), minlength=K // G)
+        raise ValueError(f"{where}: expected every group id 0..{K // G - 1} exactly {G} times (act-order), got "
+                         f"counts {counts[:8].tolist()}{'...' if counts.numel() > 8 else ''}")
+    return perm
+
+
+def invert_perm(perm: torch.Tensor) -> torch.Tensor:
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=perm.device, dtype=perm.dtype)
+    return inv
 
 
 # --------------------------------------------------------------------------- nibble helpers
@@ -188,6 +217,10 @@ class CheckpointFormat:
     tensors: Tuple[str, ...] = ("qweight", "qzeros", "scales")
     #: the format also stores ``g_idx`` [K] (written by :meth:`pack`, checked by :meth:`unpack`)
     has_g_idx: bool = False
+    #: the format stores symmetric weights: zeros are exactly 8 (what :mod:`awq_inductor.testing` quantizes for)
+    symmetric: bool = False
+    #: the stored tensor holding the scales (its dtype is the checkpoint's scales dtype)
+    scales_tensor: str = "scales"
 
     def shapes(self, K: int, N: int, G: int) -> Dict[str, Tuple[Shape, torch.dtype]]:
         raise NotImplementedError
@@ -228,6 +261,16 @@ class CheckpointFormat:
 
     def check_config(self, qc: Mapping) -> None:
         """Raise (NotImplementedError naming the field) for a setting of this format we cannot run."""
+
+    def group_size(self, qc: Mapping) -> int:
+        """The group size a ``quantization_config`` declares (-1: per channel)."""
+        return int(qc.get("group_size", qc.get("q_group_size", -1)))
+
+    def skipped_modules(self, qc: Mapping, modules) -> list:
+        """Names among ``modules`` ((name, class) of the model's linears) that the config keeps in
+        float (beyond ``modules_to_not_convert``): compressed-tensors ``ignore`` / ``targets``,
+        AutoRound ``extra_config`` 16-bit layers and ``block_name_to_quantize``."""
+        return []
 
     def row_slices(self, n0: int, n1: int) -> Optional[Dict[str, Index]]:
         return None

@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from .base import (Canonical, CheckpointFormat, check_canonical, check_divisible, check_g_idx, check_tensor,
-                   nibbles_to_words, resolve_group_size, words_to_nibbles)
+from .base import (Canonical, CheckpointFormat, act_order_perm, check_canonical, check_divisible, check_g_idx,
+                   check_tensor, invert_perm, nibbles_to_words, resolve_group_size, words_to_nibbles)
 
 GPTQ_VERSIONS = ("gptq", "gptq_v2")
 
@@ -66,14 +66,31 @@ class Gptq(CheckpointFormat):
     has_g_idx = True
 
     def __init__(self, name: str):
-        self.name = _check_version(name)
+        self.name = self.codec = _check_version(name)  # codec: the v1 / v2 zeros convention
 
     def recognizes(self, qc):
         return str(qc.get("checkpoint_format", qc.get("format")) or "gptq").lower() == self.name
 
-    def check_config(self, qc):
-        if qc.get("desc_act", False):
-            raise NotImplementedError("awq_inductor: GPTQ act-order (desc_act=True) checkpoints are not supported")
+    def unpack_act_order(self, qweight, qzeros, scales, group_size, g_idx):
+        """(canonical of ``W[:, perm]``, perm int64 [K] or None): an act-order ``g_idx`` sorted once
+        at load so that every group is contiguous (:func:`~awq_inductor.formats.base.act_order_perm`)."""
+        K = qweight.shape[0] * 8
+        perm = act_order_perm(g_idx, K, resolve_group_size(group_size, K))
+        can = self.unpack(qweight, qzeros, scales, group_size, g_idx=None)
+        if perm is None:
+            return can, None
+        return Canonical(can.q.index_select(1, perm).contiguous(), can.zeros, can.scales), perm
+
+    def pack_act_order(self, q, zeros, scales, group_size, perm):
+        """Inverse of :meth:`unpack_act_order`: q back in the checkpoint's column order and
+        ``g_idx = (k // G)[invperm]`` (the stored g_idx, bit for bit, for a stable-argsort perm)."""
+        out = self.pack(q, zeros, scales, group_size)
+        if perm is None:
+            return out
+        inv = invert_perm(perm.to(torch.int64))
+        out2 = self.pack(q.index_select(1, inv).contiguous(), zeros, scales, group_size)
+        out2["g_idx"] = out["g_idx"].index_select(0, inv).contiguous()
+        return out2
 
     def quantization_config(self, group_size, modules_to_not_convert=None):
         # desc_act False: g_idx[k] == k // G; sym False: asymmetric zeros (what we write)
@@ -90,10 +107,10 @@ class Gptq(CheckpointFormat):
         return qweight.shape[0] * 8, qweight.shape[1]
 
     def unpack(self, qweight, qzeros, scales, group_size, g_idx=None):
-        return unpack_gptq(qweight, qzeros, scales, group_size, format=self.name, g_idx=g_idx)
+        return unpack_gptq(qweight, qzeros, scales, group_size, format=self.codec, g_idx=g_idx)
 
     def pack(self, q, zeros, scales, group_size):
-        qw, qz, sc = pack_gptq(q, zeros, scales, group_size, format=self.name)
+        qw, qz, sc = pack_gptq(q, zeros, scales, group_size, format=self.codec)
         G = resolve_group_size(group_size, q.shape[1])
         return {"qweight": qw, "qzeros": qz, "scales": sc, "g_idx": torch.arange(q.shape[1], dtype=torch.int32) // G}
 

@@ -6,7 +6,9 @@ from typing import Mapping, NamedTuple, Tuple
 
 import torch
 
+from .autoround import AutoRoundConfigError
 from .base import AWQ_VERSION_ALIASES, CheckpointFormat, awq_version, config_text as _text  # noqa: F401
+from .compressed_tensors import CompressedTensorsConfigError
 from .registry import FORMATS, get
 
 
@@ -61,13 +63,15 @@ def from_quantization_config(qc: Mapping) -> QuantSpec:
     bits = qc.get("bits", qc.get("w_bit", 4))
     if int(bits) != 4:
         raise UnsupportedCheckpoint(f"quantization_config.bits: expected 4 (int4 checkpoints only), got {bits!r}")
-    gs = int(qc.get("group_size", qc.get("q_group_size", -1)))
     fmt = next((f for f in FORMATS.values() if f.quant_method == method and f.recognizes(qc)), None)
     if fmt is None:  # the method's own message for an unknown layout (marlin, exllama tags, ...)
         fmt = awq_format(qc.get("version", qc.get("format"))) if method == "awq" else \
             gptq_format(qc.get("checkpoint_format", qc.get("format")))
-    fmt.check_config(qc)
-    return QuantSpec(fmt, gs)
+    try:
+        fmt.check_config(qc)
+    except (CompressedTensorsConfigError, AutoRoundConfigError) as e:
+        raise UnsupportedCheckpoint(str(e)) from e
+    return QuantSpec(fmt, fmt.group_size(qc))
 
 
 def is_foreign_int4_linear(mod) -> bool:

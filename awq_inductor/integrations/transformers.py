@@ -149,7 +149,8 @@ def check_loaded_int4_tensors(model) -> None:
     for name, mod in model.named_modules():
         if not isinstance(mod, CheckpointInt4Linear):
             continue
-        names = ["scales", "bias"] + (["qzeros"] if mod.qzeros.is_floating_point() else [])
+        qz = getattr(mod, "qzeros", None)
+        names = [mod.checkpoint_format.scales_tensor, "bias"] + (["qzeros"] if qz is not None and qz.is_floating_point() else [])
         for t in names:
             v = getattr(mod, t, None)
             if v is None or v.device.type == "meta":
@@ -178,7 +179,7 @@ def _rename_key(key: str, model_type: Optional[str]) -> str:
     return families.rename_key(key, model_type)
 
 
-def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
+def _insert_moe_placeholders(model, skip, header: Optional[dict], first: str = "qweight") -> None:
     """Each transformers experts module (3-D ``gate_up_proj`` / ``down_proj``, names in
     ``families.FAMILIES``) whose checkpoint stores int4 experts becomes a
     :class:`CheckpointMoEExperts`: per-expert keys (``experts.0.gate_proj.qweight``: one
@@ -198,8 +199,8 @@ def _insert_moe_placeholders(model, skip, header: Optional[dict]) -> None:
         if fam is None or not should_convert_module(name, skip):
             continue
         names = fam.expert_names
-        fused = keys is not None and stored(f"{name}.{families.FUSED_EXPERT_NAMES[0]}.qweight")
-        if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.qweight"):
+        fused = keys is not None and stored(f"{name}.{families.FUSED_EXPERT_NAMES[0]}.{first}")
+        if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.{first}"):
             continue  # experts stored in floating point: transformers loads them as they are
         E, two_i, H = mod.gate_up_proj.shape
         with torch.device("meta"):
@@ -255,22 +256,29 @@ class _InductorQuantizer(HfQuantizer):
         super().__init__(quantization_config, **kwargs)
         self.options = type(self).options
 
-    def checkpoint_format(self) -> formats.CheckpointFormat:
-        """The checkpoint's format, recognised by :mod:`awq_inductor.formats` from its quantization config."""
+    def checkpoint_spec(self) -> formats.QuantSpec:
+        """The checkpoint's format and group size, recognised by :mod:`awq_inductor.formats` from its quantization config."""
         try:
-            return formats.from_quantization_config(self.quantization_config.to_dict()).format
+            return formats.from_quantization_config(self.quantization_config.to_dict())
         except formats.UnsupportedCheckpoint as e:
             raise CheckpointError(f"config.json: {e}") from e
 
+    def checkpoint_format(self) -> formats.CheckpointFormat:
+        return self.checkpoint_spec().format
+
     def _process_model_before_weight_loading(self, model, **kwargs):
         cfg = self.quantization_config
-        fmt = self.checkpoint_format()
-        skip = self.get_modules_to_not_convert(model, getattr(cfg, "modules_to_not_convert", None),
-                                               getattr(model, "_keep_in_fp32_modules", None), add_default_skips=True)
+        fmt, group_size = self.checkpoint_spec()
+        linears = [(n, type(m)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+        # compressed-tensors ignore / targets, AutoRound 16-bit layers / block_name_to_quantize
+        config_skips = fmt.skipped_modules(cfg.to_dict(), linears)
+        skip = self.get_modules_to_not_convert(model, list(getattr(cfg, "modules_to_not_convert", None) or []) +
+                                               config_skips, getattr(model, "_keep_in_fp32_modules", None),
+                                               add_default_skips=True)
         self.modules_to_not_convert = skip
         headers = read_checkpoint_headers(kwargs.get("checkpoint_files"))
         header = None if headers is None else {k: v[:2] for k, v in headers.items()}
-        _insert_moe_placeholders(model, skip, header)
+        _insert_moe_placeholders(model, skip, header, fmt.tensors[0])  # qweight / weight_packed
         mt = getattr(model.config, "model_type", None)
         names = set()
         for name, _ in model.named_modules():
@@ -287,22 +295,23 @@ class _InductorQuantizer(HfQuantizer):
                 continue
             if not should_convert_module(name, skip):
                 continue
-            if header is not None and f"{name}.qweight" not in hkeys and f"{name}.weight" in hkeys:
+            if header is not None and f"{name}.{fmt.tensors[0]}" not in hkeys and f"{name}.weight" in hkeys:
                 continue  # stored unquantized (e.g. a router listed nowhere): load as nn.Linear
             dtypes = {}
             has_gidx = False
+            stored_names = fmt.tensors + ("bias", "g_idx")
             if header is not None:
-                for t in ("qweight", "qzeros", "scales", "bias", "g_idx"):
+                for t in stored_names:
                     if f"{name}.{t}" in hkeys and hkeys[f"{name}.{t}"][1][1] is not None:
                         dtypes[t] = hkeys[f"{name}.{t}"][1][1]
                 has_gidx = f"{name}.g_idx" in hkeys
             with torch.device("meta"):
                 ph = CheckpointInt4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None,
-                                          group_size=cfg.group_size, format=fmt, dtypes=dtypes, g_idx=has_gidx,
+                                          group_size=group_size, format=fmt, dtypes=dtypes, g_idx=has_gidx,
                                           num_experts=getattr(mod, "awq_num_experts", None))
             if headers is not None:  # checkpoint key and file of each tensor, for error messages
                 ph._awq_ckpt = {t: (hkeys[f"{name}.{t}"][0], headers[hkeys[f"{name}.{t}"][0]][2])
-                                for t in ("qweight", "qzeros", "scales", "bias", "g_idx") if f"{name}.{t}" in hkeys}
+                                for t in stored_names if f"{name}.{t}" in hkeys}
             model.set_submodule(name, ph)
             placeholders[name] = ph
         if not placeholders:
@@ -398,6 +407,31 @@ class GptqInductorQuantizer(_InductorQuantizer):
 
 
 
+class CompressedTensorsConfig(qc.QuantizationConfigMixin):
+    """A compressed-tensors ``quantization_config`` kept as its JSON fields. transformers 5.24's own
+    class raises ImportError in ``__init__`` without the compressed-tensors package (while parsing
+    config.json, before any quantizer is looked up), so :func:`patch_transformers` maps
+    ``compressed-tensors`` to this one; :mod:`awq_inductor.formats.compressed_tensors` reads the fields."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("quant_method", "compressed-tensors")
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+    @classmethod
+    def from_dict(cls, config_dict, return_unused_kwargs=False, **kwargs):
+        config = cls(**{**config_dict, **kwargs})
+        return (config, {}) if return_unused_kwargs else config
+
+    def to_dict(self):
+        d = dict(vars(self))
+        d["quant_method"] = str(getattr(d["quant_method"], "value", d["quant_method"]))
+        return d
+
+    def get_loading_attributes(self):
+        return {}
+
+
 #: quant_method -> our quantizer class (a registered format's method without an entry gets the base class)
 QUANTIZERS = {"awq": AwqInductorQuantizer, "gptq": GptqInductorQuantizer}
 
@@ -420,4 +454,5 @@ def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] =
     for method in formats.quant_methods():  # every quant_method of a registered checkpoint format
         qauto.AUTO_QUANTIZER_MAPPING[method] = QUANTIZERS.get(method, _InductorQuantizer)
     qauto.AUTO_QUANTIZATION_CONFIG_MAPPING["awq"] = AwqConfig
+    qauto.AUTO_QUANTIZATION_CONFIG_MAPPING["compressed-tensors"] = CompressedTensorsConfig
     _InductorQuantizer.options = LoadOptions(act_quant, lm_head)

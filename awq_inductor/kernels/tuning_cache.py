@@ -159,11 +159,24 @@ class Shape:
     G: int
 
 
+def _config_group_size(qc: Optional[dict]) -> int:
+    """G of a ``quantization_config`` through its checkpoint format (compressed-tensors keeps it in
+    ``config_groups``); 128 when there is none or it is not one we recognise."""
+    if not qc:
+        return 128
+    from .. import formats
+
+    try:
+        return formats.from_quantization_config(qc).group_size
+    except (ValueError, NotImplementedError):
+        return int(qc.get("group_size", 128))
+
+
 def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Shape]:
     """The distinct int4 op shapes of a Llama-style decoder (fused qkv, o, gate|up + SiLU, down; the
     experts' gate|up and down of a Qwen-MoE, whose ``moe_intermediate_size`` and
     ``shared_expert_intermediate_size`` name them; Mixtral's experts have ``intermediate_size``)
-    from its ``config.json``; G from ``quantization_config.group_size`` (-1: K)."""
+    from its ``config.json``; G from its ``quantization_config`` (-1: K)."""
     try:
         h, inter = int(config_json["hidden_size"]), int(config_json["intermediate_size"])
         hq = int(config_json["num_attention_heads"])
@@ -172,7 +185,7 @@ def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Sha
                          f"missing {e}") from None
     hkv = int(config_json.get("num_key_value_heads") or hq)
     d = int(config_json.get("head_dim") or h // hq)
-    g = int((config_json.get("quantization_config") or {}).get("group_size", 128))
+    g = _config_group_size(config_json.get("quantization_config"))
     lin, gu = op_for(act_quant, LINEAR), op_for(act_quant, GATE_UP_SILU)
     dims = [(lin, h, (hq + 2 * hkv) * d), (lin, hq * d, h), (gu, h, inter), (lin, inter, h)]
     # sparse-MoE experts (moe.expert_plans looks up these two dense-op shapes) and a shared expert

@@ -69,8 +69,17 @@ class CheckpointInt4Linear(nn.Module):
             formats.check_g_idx(stored["g_idx"], self.in_features, self.group_size)
         return self.checkpoint_format.unpack_stored(stored, self.group_size)
 
+    def canonical_and_perm(self):
+        """(:class:`Canonical`, perm or None): an act-order g_idx (GPTQ desc_act) is sorted once here,
+        the canonical form permuted to contiguous groups (``formats.base.act_order_perm``)."""
+        fmt = self.checkpoint_format
+        if self.g_idx is not None and self.num_experts is None and hasattr(fmt, "unpack_act_order"):
+            args = [getattr(self, t) for t in fmt.tensors]
+            return fmt.unpack_act_order(*args, self.group_size, self.g_idx)
+        return self.canonical(), None
+
     def source(self) -> CheckpointSource:
-        return CheckpointSource(format=self.format, scales_dtype=self.scales.dtype,
+        return CheckpointSource(format=self.format, scales_dtype=getattr(self, self.checkpoint_format.scales_tensor).dtype,
                                 bias_dtype=None if self.bias is None else self.bias.dtype)
 
     def forward(self, x):  # pragma: no cover - replaced before use
@@ -89,6 +98,8 @@ class Int4Weights(NamedTuple):
     bias: Optional[torch.Tensor]
     group_size: int
     source: CheckpointSource
+    #: act-order input permutation (int64 [K]) or None
+    perm: Optional[torch.Tensor] = None
 
 
 def _foreign_weights(mod: nn.Module) -> Int4Weights:
@@ -115,10 +126,11 @@ def read_canonical(mod: nn.Module) -> Int4Weights:
     (:func:`awq_inductor.formats.is_foreign_int4_linear`). The model pass packs from this once, for
     the scheme asked for."""
     if isinstance(mod, CheckpointInt4Linear):
-        return Int4Weights(mod.canonical(), mod.bias, mod.group_size, mod.source())
+        can, perm = mod.canonical_and_perm()
+        return Int4Weights(can, mod.bias, mod.group_size, mod.source(), perm)
     if isinstance(mod, _PackedInt4):
         return Int4Weights(Canonical(*mod.canonical()), mod.canonical_bias(), mod.group_size,
-                           formats.source_of(mod))
+                           formats.source_of(mod), mod.perm)
     if formats.is_foreign_int4_linear(mod):
         return _foreign_weights(mod)
     raise ValueError(f"read_canonical: expected an int4 linear module, got {type(mod).__name__}")
@@ -131,6 +143,7 @@ def to_awq_linear(mod: nn.Module, act_quant: Optional[str] = None) -> AWQLinear:
                          "pass (transform.moe), not into one AWQLinear")
     w = read_canonical(mod)
     new = AWQLinear.from_canonical(*w.canonical, w.bias, group_size=w.group_size, act_quant=act_quant)
+    new.set_input_perm(w.perm)
     new.awq_source = w.source
     return new
 

@@ -12,7 +12,7 @@ from .. import formats
 from ..families import TP_COLUMN, TP_ROW
 from ..nn import AWQLinear
 from .layers import RowParallelLinear, TPError, VocabParallelLMHead
-from .sharding import DENSE_HEADS, _check_k_split, _plan_lm_head, _group_rank_world
+from .sharding import DENSE_HEADS, _check_k_split, _group_rank_world, _plan_lm_head, row_slice_perm
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,32 +88,43 @@ def _quant_spec(cfg) -> formats.QuantSpec:
 
 
 def _read_int4(reader: _SliceReader, key: str, fmt: formats.CheckpointFormat, G: int, N: int, K: int, rows=None,
-               cols=None, name: str = "") -> formats.Canonical:
-    """Canonical (q [n, k], zeros [n, k/G], scales [n, k/G]) of output rows ``rows`` = (n0, n1) or
-    input columns ``cols`` = (k0, k1) of the int4 linear ``key`` (logical weight [N, K]).
+               cols=None, name: str = ""):
+    """(canonical (q [n, k], zeros [n, k/G], scales [n, k/G]), input perm or None) of output rows
+    ``rows`` = (n0, n1) or input columns ``cols`` = (k0, k1) of the int4 linear ``key`` (logical
+    weight [N, K]).
 
     Reads only the slice of each stored tensor that the format says holds them
     (``fmt.row_slices`` / ``fmt.col_slices``: e.g. gemm and GPTQ by 8-column words, gemv by rows);
     where the layout has no clean slice (gemv's K split, gemv_fast, a split off the packing
-    boundaries) the tensors are read whole and sliced in canonical form."""
+    boundaries, compressed-tensors' whole-tensor weight_shape) or the checkpoint is act-order
+    (g_idx), the tensors are read whole and sliced in canonical form."""
     keys = {t: f"{key}.{t}" for t in fmt.tensors}
     for k in keys.values():
         if k not in reader:
             raise TPError(f"{name}: checkpoint tensor {k} is missing")
+    g_idx = reader.get(f"{key}.g_idx") if f"{key}.g_idx" in reader else None
     index = fmt.row_slices(*rows) if rows is not None else fmt.col_slices(*cols, G)
+    perm = None
     try:
-        if f"{key}.g_idx" in reader:  # read whole (K values) and checked before any slice is unpacked
-            formats.check_g_idx(reader.get(f"{key}.g_idx"), K, G)
-        if index is not None:
-            return fmt.unpack(*(reader.get(keys[t], *index[t]) for t in fmt.tensors), G)
-        q, z, s = fmt.unpack(*(reader.get(keys[t]) for t in fmt.tensors), G)
+        if g_idx is not None and hasattr(fmt, "unpack_act_order"):  # GPTQ: k // G, or act-order
+            perm = formats.base.act_order_perm(g_idx, K, G, where=f"{key}.g_idx")
+        elif g_idx is not None:  # read whole (K values) and checked before any slice is unpacked
+            formats.check_g_idx(g_idx, K, G)
+        if index is not None and perm is None:
+            return fmt.unpack(*(reader.get(keys[t], *index[t]) for t in fmt.tensors), G), None
+        stored = [reader.get(keys[t]) for t in fmt.tensors]
+        if perm is not None:
+            (q, z, s), perm = fmt.unpack_act_order(*stored, G, g_idx)
+        else:
+            q, z, s = fmt.unpack(*stored, G)
     except ValueError as e:
         raise TPError(f"{name}: {e}") from e
     if rows is not None:  # whole, sliced in canonical form
         n0, n1 = rows
-        return formats.Canonical(q[n0:n1].contiguous(), z[n0:n1].contiguous(), s[n0:n1].contiguous())
+        return formats.Canonical(q[n0:n1].contiguous(), z[n0:n1].contiguous(), s[n0:n1].contiguous()), perm
     (k0, k1), (g0, g1) = cols, (cols[0] // G, cols[1] // G)
-    return formats.Canonical(q[:, k0:k1].contiguous(), z[:, g0:g1].contiguous(), s[:, g0:g1].contiguous())
+    perm = row_slice_perm(name, perm, k0, k1)
+    return formats.Canonical(q[:, k0:k1].contiguous(), z[:, g0:g1].contiguous(), s[:, g0:g1].contiguous()), perm
 
 
 def is_moe(cfg) -> bool:
@@ -170,7 +181,7 @@ class _RankRead:
         """Model name -> checkpoint key (allowing a missing / extra base-model prefix)."""
         p = self.prefix
         for k in (name, name[len(p) + 1:] if name.startswith(p + ".") else None, f"{p}.{name}"):
-            if k is not None and (k in self.reader or f"{k}.qweight" in self.reader):
+            if k is not None and (k in self.reader or f"{k}.qweight" in self.reader or f"{k}.weight_packed" in self.reader):
                 return k
         return name
 
@@ -191,23 +202,24 @@ def _split_of(name: str, mod: nn.Module, rr: _RankRead):
 def _load_int4(model: nn.Module, rr: _RankRead, spec: formats.QuantSpec) -> set:
     """Every int4 linear of the skeleton as this rank's AWQLinear, read by slices; returns their names."""
     reader, fmt = rr.reader, spec.format
-    quantized = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{rr.ckey(n)}.qweight" in reader]
+    first = fmt.tensors[0]  # qweight, or compressed-tensors' weight_packed
+    quantized = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and f"{rr.ckey(n)}.{first}" in reader]
     if not quantized:
-        raise TPError("load: no int4 (qweight) linear found in the checkpoint")
+        raise TPError(f"load: no int4 ({first}) linear found in the checkpoint")
     for name, mod in quantized:
         key = rr.ckey(name)
         N, K, rows, cols = _split_of(name, mod, rr)
         G = K if spec.group_size in (-1, 0) else spec.group_size
         if cols is not None:
             _check_k_split(name, mod.in_features, G, f"{K} / {rr.world}")
-        q, z, s = _read_int4(reader, key, fmt, G, N, K, rows=rows, cols=cols, name=name)
+        (q, z, s), perm = _read_int4(reader, key, fmt, G, N, K, rows=rows, cols=cols, name=name)
         bias = None
         if f"{key}.bias" in reader:
             bias = reader.get(f"{key}.bias", slice(*rows)) if rows is not None else reader.get(f"{key}.bias")
         if cols is not None:
             rr.row_bias[name], bias = bias, None
         try:
-            lin = AWQLinear.from_canonical(q, z, s, bias, group_size=G)
+            lin = AWQLinear.from_canonical(q, z, s, bias, group_size=G).set_input_perm(perm)
         except ValueError as e:
             raise TPError(f"{name}: {e}") from e
         lin.awq_source = formats.CheckpointSource(format=fmt.name, scales_dtype=s.dtype,

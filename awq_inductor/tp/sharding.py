@@ -57,6 +57,7 @@ def _column_linear(name: str, lin: AWQLinear, ranges: Sequence[Tuple[int, int]])
                                        group_size=lin.group_size, act_quant=lin.act_quant)
     except ValueError as e:
         raise TPError(f"{name}: {e}") from e
+    new.set_input_perm(lin.perm)  # column-parallel: every rank sees all of x, act-order or not
     new.awq_source = _source(lin, ("rows", tuple(ranges)))
     return new
 
@@ -67,17 +68,32 @@ def _check_k_split(name: str, k_local: int, group_size: int, what: str) -> None:
                       f"group_size {group_size}, got {k_local}")
 
 
+def row_slice_perm(name: str, perm: Optional[torch.Tensor], k0: int, k1: int) -> Optional[torch.Tensor]:
+    """The rank's input permutation of a row-parallel act-order layer whose sorted columns
+    [k0, k1) are the input columns [k0, k1) in some order (the rank holds exactly the activations
+    it multiplies); TPError naming the layer otherwise (a GPTQ Hessian order mixes the ranks'
+    inputs into every group: the layer would need the full activation on every rank)."""
+    if perm is None:
+        return None
+    local = perm[k0:k1]
+    if not torch.equal(torch.sort(local).values, torch.arange(k0, k1, dtype=local.dtype)):
+        raise TPError(f"{name}: act-order (desc_act) row-parallel layer: its groups for K slice [{k0}, {k1}) "
+                      "hold input columns of other ranks; tensor parallelism cannot split this layer's K")
+    return local - k0
+
+
 def _row_linear(name: str, lin: AWQLinear, k0: int, k1: int, group, world: int) -> RowParallelLinear:
     """Columns [k0, k1) of ``lin``'s K as a :class:`RowParallelLinear` (bias after the reduce)."""
     G = lin.group_size
     if k0 % G or k1 % G:
         raise TPError(f"{name}: row-parallel K slice [{k0}, {k1}) must start and end on group boundaries "
                       f"(group_size {G})")
+    local_perm = row_slice_perm(name, lin.perm, k0, k1)
     q, z, s = lin.canonical()
     try:
         inner = AWQLinear.from_canonical(q[:, k0:k1].contiguous(), z[:, k0 // G:k1 // G].contiguous(),
                                          s[:, k0 // G:k1 // G].contiguous(), None, group_size=G,
-                                         act_quant=lin.act_quant)
+                                         act_quant=lin.act_quant).set_input_perm(local_perm)
     except ValueError as e:
         raise TPError(f"{name}: {e}") from e
     inner.awq_source = _source(lin, ("cols", k0, k1))
@@ -160,7 +176,7 @@ def _plan_mlp(name: str, mlp: nn.Module, rank: int, world: int, group) -> Plan:
         try:
             new = AWQGateUpSiluMul.from_canonical(q[idx].contiguous(), z[idx].contiguous(), s[idx].contiguous(),
                                                   None if bias is None else bias[idx], group_size=gu.group_size,
-                                                  intermediate_size=i, act_quant=gu.act_quant)
+                                                  intermediate_size=i, act_quant=gu.act_quant).set_input_perm(gu.perm)
         except ValueError as e:
             raise TPError(f"{name}.gate_up_proj: {e}") from e
         new.awq_source = _source(gu, ("rows", rank * i, (rank + 1) * i))

@@ -64,6 +64,7 @@ from ..formats import CheckpointSource, source_of
 from ..kernels import tuning_cache
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts, CheckpointInt4Linear
 from ..nn.checkpoint import to_awq_linear
+from ..nn.linear import same_perm
 from ..nn.head import LM_HEAD_CHOICES, quantize_lm_head
 from ..progress import track
 from ..schemes import scheme_for
@@ -179,6 +180,9 @@ def fusion_blocker(mods: List[AWQLinear]) -> Optional[str]:
             return "different checkpoint formats"
         if sa.scales_dtype != sb.scales_dtype:
             return "different scales dtypes"
+        if not same_perm(first.perm, m.perm):
+            # one gather per distinct permutation: fusing would need a gather per part anyway
+            return "different act-order input permutations"
     return None
 
 
@@ -196,6 +200,7 @@ def fuse_linears(mods: List[AWQLinear], names: List[str]) -> AWQLinear:
     bias = torch.cat(bs) if any_bias else None
     fused = AWQLinear.from_canonical(torch.cat(qs), torch.cat(zs), torch.cat(ss), bias, group_size=mods[0].group_size,
                                    act_quant=mods[0].act_quant)
+    fused.set_input_perm(mods[0].perm)  # fusion_blocker: every part has this one
     fused.awq_source = _fused_source(mods, names)
     return fused
 
@@ -329,7 +334,7 @@ def _fuse_gated_mlp(module: nn.Module, act_quant: Optional[str] = None) -> bool:
             return False
         q, z, s = gu.canonical()
         fused = AWQGateUpSiluMul.from_canonical(q, z, s, gu.bias, group_size=gu.group_size, intermediate_size=I,
-                                                act_quant=act_quant)
+                                                act_quant=act_quant).set_input_perm(gu.perm)
         src = source_of(gu)
         fused.awq_source = src.replace(parts=src.parts or (("gate_up_proj", 2 * I, gu.bias is not None),))
         module._modules["gate_up_proj"] = fused

@@ -19,6 +19,13 @@ from ..nn.head import Int8HeadLinear
 from .moe import experts_state_dict
 
 
+def _pack_act_order(fmt, name, q, z, s, G, perm):
+    if not hasattr(fmt, "pack_act_order"):
+        raise ValueError(f"{name}: an act-order (input-permuted) module cannot be written as format {fmt.name!r}, "
+                         "which stores no g_idx")
+    return fmt.pack_act_order(q, z, s, G, perm)  # q back in checkpoint column order + the original g_idx
+
+
 def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dict[str, torch.Tensor]:
     """``model.state_dict()`` with every AWQLinear written back in its checkpoint format under the
     original module names (fused modules split again). Used by ``save_pretrained``."""
@@ -51,7 +58,9 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
             pname = f"{parent}.{part}" if parent else part
             sl = slice(off, off + n)
             qi, zi, si = q[sl].contiguous(), z[sl].contiguous(), s[sl].to(sdt).contiguous()
-            for t, v in fmt.pack(qi, zi, si, mod.group_size).items():
+            packed = fmt.pack(qi, zi, si, mod.group_size) if mod.perm is None else \
+                _pack_act_order(fmt, name, qi, zi, si, mod.group_size, mod.perm)
+            for t, v in packed.items():
                 sd[f"{pname}.{t}"] = v
             if has_bias:
                 sd[f"{pname}.bias"] = bias[sl].to(bdt).contiguous()
