@@ -239,6 +239,16 @@ def test_structural_test_on_transformers_classes():
         m = Renamed(testing.tiny_config("olmoe"))
     assert experts_structure.silu_gated_experts(m) == (True, [])
     assert not experts_structure.silu_gated_experts(AWQMoEExperts(4, 64, 32, 32))[0]  # never converted twice
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    with torch.device("meta"):
+        gpt_oss = GptOssExperts(transformers.GptOssConfig(hidden_size=64, intermediate_size=64, num_local_experts=4))
+    ok, why = experts_structure.silu_gated_experts(gpt_oss)
+    assert experts_structure.looks_like_experts(gpt_oss) and not ok
+    text = "; ".join(why)
+    for part in ("has biases (has_bias=True)", "transposed layout (is_transposed=True)",
+                 "interleaved gate/up rows", "custom _apply_gate", "forward signature"):
+        assert part in text, text
 
 
 # ---------------------------------------------------------------------------------------------
