@@ -25,6 +25,9 @@ from typing import Optional, Tuple
 FUSIONS = (
     ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
     ("gate_up_proj", ("gate_proj", "up_proj")),
+    # MLA (DeepSeek-V2/V3, Kimi-K2): both low-rank projections of the attention input (7168 -> 1536 and
+    # 7168 -> 576 in V3: one call 0.80x the time of two at M = 1, benchmarks/bench_mla_fusion.py)
+    ("q_kv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa")),
 )
 
 #: Forward bodies recognised as a SiLU-gated MLP: (kind, activation attribute, body), ``x`` the

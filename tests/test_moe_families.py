@@ -88,6 +88,9 @@ def test_family_loads_and_matches_reference(tmp_path, arch, qm, fmt, fused):
         assert block.gate.e_score_correction_bias.dtype == torch.float32
         assert isinstance(block.shared_experts.gate_up_proj, AWQGateUpSiluMul)
         assert isinstance(model.model.layers[0].mlp.gate_up_proj, AWQGateUpSiluMul)
+    if arch == "deepseek_v3":  # MLA: q_a_proj and kv_a_proj_with_mqa read the same input: one int4 linear
+        attn = model.model.layers[last].self_attn
+        assert attn.q_kv_a_proj.out_features == attn.config.q_lora_rank + attn.config.kv_lora_rank + 32
     ids = _ids()
     with torch.no_grad(), MoeCounter() as c:
         logits = model(ids).logits
@@ -135,9 +138,10 @@ def test_deepseek_w4a8_fused_layout_and_save_back(tmp_path):
     from safetensors import safe_open
 
     with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
-        saved = {k: f.get_tensor(k) for k in f.keys() if ".experts." in k}
+        saved = {k: f.get_tensor(k) for k in f.keys() if ".experts." in k or "_a_proj" in k}
+        saved_keys = set(f.keys())
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
-        assert {k for k in f.keys() if ".experts." in k} == set(saved)
+        assert set(f.keys()) == saved_keys  # the fused q_kv_a_proj is split back into its checkpoint names
         for k, v in saved.items():
             assert torch.equal(v, f.get_tensor(k)), k
     awq_hf.patch_transformers(act_quant="int8")
