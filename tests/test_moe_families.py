@@ -284,3 +284,26 @@ def test_tensor_parallel_glm_shard_builds(tmp_path):
     assert (info["attention_layers"], info["moe_layers"], info["mlp_layers"]) == (3, 2, 3)
     assert isinstance(model.model.layers[1].mlp.experts, tp.ParallelMoEExperts)
     assert model.model.layers[1].mlp.experts.local.intermediate_size == 32
+
+
+def test_kimi_k2_expert_counts_and_group_size():
+    """Kimi-K2 / DeepSeek-V3 routing shapes on the op: 384 and 256 experts, top-8, group size 32 (Kimi-K2's
+    int4 checkpoints), against the dequantized fp32 math."""
+    H, I, G, T, k = 64, 32, 32, 6, 8
+    g = torch.Generator().manual_seed(0)
+    for E in (384, 256):
+        gu = [testing.quantize_weight(torch.randn(2 * I, H, generator=g) * 0.05, G) for _ in range(E)]
+        dn = [testing.quantize_weight(torch.randn(H, I, generator=g) * 0.05, G) for _ in range(E)]
+        ex = AWQMoEExperts.from_canonical(gu, dn, group_size=G)
+        x = torch.randn(T, H, generator=g)
+        ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(T)])
+        w = torch.rand(T, k, generator=g)
+        want = torch.zeros(T, H)
+        for t in range(T):
+            for j in range(k):
+                e = int(ids[t, j])
+                wgu, wdn = (testing.dequantize(*c, G) for c in (gu[e], dn[e]))
+                h = wgu @ x[t]
+                want[t] += w[t, j] * (wdn @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+        with torch.no_grad():
+            torch.testing.assert_close(ex(x, ids, w), want, atol=1e-4, rtol=1e-4)
