@@ -7,8 +7,14 @@ whose modules use the usual names.
 * :data:`GATED_MLP_BODIES`: ``forward`` bodies recognised as a SiLU-gated MLP (checked on the AST
   by the model pass, up to local names), fused into ``awq::int4_mm_silu_mul``.
 * :data:`TP_COLUMN` / :data:`TP_ROW`: projections split by output rows / by K for tensor parallelism.
-* :class:`Family`: per model type, its sparse-MoE experts class and per-expert checkpoint names,
-  checkpoint key renames transformers applies, AWQ activation scales.
+* :class:`Family`: per model type, what structure cannot tell: the per-expert checkpoint names of
+  its sparse-MoE experts, checkpoint key renames transformers applies, AWQ activation scales.
+
+Experts modules themselves are recognised by structure, whatever their class is called
+(:func:`awq_inductor.experts_structure.silu_gated_experts`): a type without a row gets the
+default per-expert names ``gate_proj`` / ``up_proj`` / ``down_proj`` (transformers' own
+conversion mapping uses them for DeepSeek-V2/V3, Kimi-K2, GLM-4-MoE, OLMoE, Qwen2/3-MoE and most
+others).
 """
 from __future__ import annotations
 
@@ -19,6 +25,9 @@ from typing import Optional, Tuple
 FUSIONS = (
     ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
     ("gate_up_proj", ("gate_proj", "up_proj")),
+    # MLA (DeepSeek-V2/V3, Kimi-K2): both low-rank projections of the attention input (7168 -> 1536 and
+    # 7168 -> 576 in V3: one call 0.80x the time of two at M = 1, benchmarks/bench_mla_fusion.py)
+    ("q_kv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa")),
 )
 
 #: Forward bodies recognised as a SiLU-gated MLP: (kind, activation attribute, body), ``x`` the
@@ -48,15 +57,18 @@ DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 #: config.json keys naming the intermediate sizes of sparse-MoE experts and of a shared expert.
 MOE_INTERMEDIATE_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size")
 
+#: Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): low-rank q / kv projections. Plain
+#: nn.Linear (int4 like any other), but not split by tensor parallelism.
+MLA_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+
 
 @dataclasses.dataclass(frozen=True)
 class Family:
     """What one architecture needs beyond the generic rules."""
 
     model_types: Tuple[str, ...]
-    #: transformers 5's experts class (3-D gate_up_proj [E, 2I, H] / down_proj [E, H, I]) and the
-    #: per-expert checkpoint names of its (gate, up, down) projections
-    experts_class: Optional[str] = None
+    #: per-expert checkpoint names of the (gate, up, down) projections of its experts modules
+    #: (transformers 5 fuses them into 3-D gate_up_proj [E, 2I, H] / down_proj [E, H, I])
     expert_names: Tuple[str, str, str] = DEFAULT_EXPERT_NAMES
     #: checkpoint module-name renames transformers applies when loading (old, new)
     key_renames: Tuple[Tuple[str, str], ...] = ()
@@ -66,10 +78,9 @@ class Family:
 
 
 FAMILIES = (
-    Family(("qwen3_moe",), experts_class="Qwen3MoeExperts"),
-    Family(("qwen2_moe",), experts_class="Qwen2MoeExperts"),
-    # the MoE block of Mixtral checkpoints is ``block_sparse_moe``, transformers' module ``mlp``
-    Family(("mixtral",), experts_class="MixtralExperts", expert_names=("w1", "w3", "w2"),
+    # the MoE block of Mixtral / MiniMax checkpoints is ``block_sparse_moe``, transformers' module ``mlp``
+    # (transformers' conversion mapping: WeightRenaming + experts.*.w1/w3/w2 converters)
+    Family(("mixtral", "minimax", "minimax_m2"), expert_names=("w1", "w3", "w2"),
            key_renames=((".block_sparse_moe.", ".mlp."),)),
     Family(("starcoder2",), act_scales=("act", "c_fc")),
     Family(("RefinedWebModel", "falcon"), act_scales=("act", "dense_h_to_4h")),
@@ -81,7 +92,6 @@ FAMILIES = (
 )
 _GENERIC = Family(())
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
-_BY_EXPERTS = {f.experts_class: f for f in FAMILIES if f.experts_class}
 
 
 def family(model_type: Optional[str]) -> Family:
@@ -89,13 +99,9 @@ def family(model_type: Optional[str]) -> Family:
     return _BY_TYPE.get(model_type, _GENERIC)
 
 
-def experts_family(experts_class_name: str) -> Optional[Family]:
-    """The family whose experts module class is ``experts_class_name`` (None: not an experts module we load)."""
-    return _BY_EXPERTS.get(experts_class_name)
-
-
-def experts_classes() -> Tuple[str, ...]:
-    return tuple(_BY_EXPERTS)
+def expert_names(model_type: Optional[str]) -> Tuple[str, str, str]:
+    """Per-expert checkpoint names (gate, up, down) of ``model_type``'s experts modules."""
+    return family(model_type).expert_names
 
 
 def rename_key(key: str, model_type: Optional[str]) -> str:

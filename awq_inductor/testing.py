@@ -18,12 +18,13 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 from torch import nn
 
-from . import families, formats, packing
+from . import experts_structure, families, formats, packing
 from .progress import track
 
 ARCHS = ("llama", "qwen2", "mistral", "phi3")
-#: sparse-MoE architectures (transformers 5 experts modules, see awq_inductor.families)
-MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral")
+#: sparse-MoE architectures (transformers 5 experts modules, recognised by structure:
+#: awq_inductor.experts_structure)
+MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v3", "glm4_moe", "olmoe")
 
 
 def quantize_weight(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype = torch.float16
@@ -91,6 +92,27 @@ def _tiny_moe_config(arch: str, common: dict, overrides: dict):
     if arch == "mixtral":
         kw = dict(common, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=None)
         return transformers.MixtralConfig(**{**kw, **overrides})
+    if arch == "deepseek_v3":
+        # DeepSeek-V3 / Kimi-K2: MLA with q LoRA (q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj), grouped
+        # sigmoid routing (n_group / topk_group, e_score_correction_bias), one shared expert, layer 0 dense
+        kw = dict(common, num_hidden_layers=3, first_k_dense_replace=1, num_key_value_heads=4,
+                  moe_intermediate_size=64, n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                  n_shared_experts=1, routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=128,
+                  kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=32, v_head_dim=32, hidden_act="silu")
+        return transformers.DeepseekV3Config(**{**kw, **overrides})
+    if arch == "glm4_moe":
+        # GLM-4.5 / 4.6: GQA with q/k/v biases, qk norm, partial rotary, DeepSeek's router (one group),
+        # one shared expert, layer 0 dense
+        kw = dict(common, num_hidden_layers=3, first_k_dense_replace=1, head_dim=32, attention_bias=True,
+                  use_qk_norm=True, partial_rotary_factor=0.5, moe_intermediate_size=64, n_routed_experts=16,
+                  num_experts_per_tok=4, n_group=1, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+                  norm_topk_prob=True, hidden_act="silu")
+        return transformers.Glm4MoeConfig(**{**kw, **overrides})
+    if arch == "olmoe":
+        # OLMoE: every layer sparse, the expert size is intermediate_size (no moe_intermediate_size)
+        kw = dict(common, intermediate_size=64, num_key_value_heads=4, num_experts=16, num_experts_per_tok=4,
+                  norm_topk_prob=False, pad_token_id=1, eos_token_id=2)
+        return transformers.OlmoeConfig(**{**kw, **overrides})
     kw = dict(common, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1,
               norm_topk_prob=True)
     if arch == "qwen3_moe":
@@ -101,12 +123,14 @@ def _tiny_moe_config(arch: str, common: dict, overrides: dict):
 
 def moe_experts(model: nn.Module, skip: Iterable[str] = ()):
     """(name, module, (gate, up, down) checkpoint names) of every transformers experts module with
-    3-D ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] (:func:`awq_inductor.families.experts_family`)."""
+    3-D ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] that awq_inductor loads
+    (:func:`awq_inductor.experts_structure.silu_gated_experts`; names: :func:`awq_inductor.families.expert_names`)."""
+    names = families.expert_names(getattr(getattr(model, "config", None), "model_type", None))
     out = []
     for n, m in model.named_modules():
-        fam = families.experts_family(type(m).__name__)
-        if fam is not None and _should_quantize(n, skip):
-            out.append((n, m, fam.expert_names))
+        if experts_structure.looks_like_experts(m) and experts_structure.silu_gated_experts(m)[0] \
+                and _should_quantize(n, skip):
+            out.append((n, m, names))
     return out
 
 
@@ -150,9 +174,12 @@ def build_float_model(config, seed: int = 0, dtype: torch.dtype = torch.float32)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
         for m in model.modules():
-            if type(m).__name__.endswith("Experts") and isinstance(getattr(m, "gate_up_proj", None), torch.Tensor):
+            if experts_structure.looks_like_experts(m):
                 m.gate_up_proj.normal_(0, 0.05)
                 m.down_proj.normal_(0, 0.05)
+            bias = getattr(m, "e_score_correction_bias", None)
+            if isinstance(bias, torch.Tensor):  # DeepSeek-V3 / GLM-4-MoE routers: non-zero so that it matters
+                bias.normal_(0, 0.1)
             if isinstance(m, nn.Linear):
                 m.weight.normal_(0, 0.05)
                 if m.bias is not None:

@@ -4,6 +4,11 @@ G=128, random weights), ours vs transformers' own bf16 MoE on the dequantized we
     python benchmarks/bench_moe.py --part op        # the experts op alone, M=1: GB/s of selected experts
     python benchmarks/bench_moe.py --part e2e       # 2 layers: decode tok/s, 512-token prefill
     python benchmarks/bench_moe.py --smoke          # tiny shapes, seconds
+    python benchmarks/bench_moe.py --model deepseek_v3 --prompt-len 256 --new-tokens 16
+        # a DeepSeek-V3 / Kimi-K2-shaped slice: hidden 7168, expert intermediate 2048, top-8 of 32
+        # experts, 1 layer (MLA attention, 128 heads, q_lora 1536, kv_lora 512, one shared expert):
+        # the bytes per token per layer of the real model (top-8 experts of 7168 x 2048), ~3 GB of bf16
+        # experts instead of 256 x 88 MB
 
 op: ``awq::int4_moe`` / ``int4_moe_a8`` eager calls with fresh routing every call (the 128 experts,
 ~300 MB of int4, do not fit in cache; a call reads top-8 experts), methods and thread counts
@@ -100,6 +105,24 @@ def bench_op(a):
 PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}}
 
 
+#: --model presets: (hidden, experts, topk, moe_inter, layers)
+MODELS = {"qwen3_moe": None, "deepseek_v3": (7168, 32, 8, 2048, 1)}
+
+
+def deepseek_v3_config(a):
+    """DeepSeek-V3's layer shapes (MLA, 1 shared expert) with a.experts routed experts, every layer
+    sparse (first_k_dense_replace=0), one routing group (Kimi-K2's n_group=1)."""
+    import transformers
+
+    return transformers.DeepseekV3Config(
+        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=18432, moe_intermediate_size=a.moe_inter,
+        n_routed_experts=a.experts, num_experts_per_tok=a.topk, n_group=1, topk_group=1, n_shared_experts=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=0, num_hidden_layers=a.layers,
+        num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, max_position_embeddings=4096,
+        hidden_act="silu", tie_word_embeddings=False)
+
+
 def qwen3_moe_config(a):
     import transformers
 
@@ -136,9 +159,12 @@ def bench_e2e(a):
             ref = transformers.AutoModelForCausalLM.from_pretrained(
                 os.path.join(d, "dequantized_bf16"), dtype=torch.bfloat16)
         else:
-            ref = testing.save_quantized(testing.build_float_model(qwen3_moe_config(a), dtype=torch.bfloat16), d,
+            cfg = deepseek_v3_config(a) if a.model == "deepseek_v3" else qwen3_moe_config(a)
+            ref = testing.save_quantized(testing.build_float_model(cfg, dtype=torch.bfloat16), d,
                                          format="gemm", group_size=a.group_size)
-            ref = ref.to(torch.bfloat16).eval()
+            if a.model != "deepseek_v3":  # (DeepSeek's router weight and correction bias stay fp32, as loaded)
+                ref = ref.to(torch.bfloat16)
+            ref = ref.eval()
             if a.ckpt:
                 ref.save_pretrained(os.path.join(d, "dequantized_bf16"))
         if a.build_only:
@@ -179,6 +205,9 @@ def bench_e2e(a):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", default="op,e2e")
+    p.add_argument("--model", default="qwen3_moe", choices=sorted(MODELS),
+                   help="deepseek_v3: hidden 7168, 32 experts, top-8, expert intermediate 2048, 1 layer "
+                        "(overrides those options)")
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--experts", type=int, default=128)
     p.add_argument("--topk", type=int, default=8)
@@ -210,6 +239,8 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))
     a = p.parse_args(argv)
+    if MODELS[a.model]:
+        a.hidden, a.experts, a.topk, a.moe_inter, a.layers = MODELS[a.model]
     if a.smoke:
         a.hidden, a.experts, a.moe_inter, a.vocab, a.prompt_len, a.new_tokens, a.reps = 256, 16, 128, 512, 32, 4, 6
         a.out = None
@@ -223,6 +254,11 @@ def main(argv=None):
         out["op"] = bench_op(a)
     if "e2e" in a.part:
         out["e2e"] = bench_e2e(a)
+        # prefill: rows each expert's GEMMs see, here and in a model with the same top-k of 256 experts
+        rows = a.prompt_len * a.topk
+        out["prefill_rows_per_expert"] = {"this slice": rows / a.experts, "256 experts": rows / 256}
+        print(f"prefill: {a.prompt_len} tokens x top-{a.topk} = {rows} expert rows: {rows / a.experts:.0f} per "
+              f"expert over {a.experts} experts, {rows / 256:.0f} over 256", flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)

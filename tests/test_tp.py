@@ -23,7 +23,14 @@ from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear  # noqa: E402
 from awq_inductor.nn.head import Bf16HeadLinear  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
-ARCHS = ("llama", "qwen2", "qwen3_moe")  # Llama: GQA 4/2 heads; Qwen2: q/k/v bias; Qwen3-MoE: 8 experts
+# Llama: GQA 4/2 heads; Qwen2: q/k/v bias; Qwen3-MoE: 8 experts; GLM-4-MoE: q/k/v bias, a dense first layer,
+# 16 experts and a shared expert per MoE layer (recognised by structure)
+ARCHS = ("llama", "qwen2", "qwen3_moe", "glm4_moe")
+#: all_reduce per graph beyond 2 per decoder layer: GLM-4-MoE's shared expert (its own row-parallel down_proj)
+EXTRA_ALL_REDUCE = {"glm4_moe": 2}
+#: W4A8 shard vs unsharded W4A8 (relative norm): row-parallel inputs are quantized per token per rank;
+#: GLM-4-MoE's 3 layers, each with 2-3 row-parallel projections, measured 0.034
+W4A8_TOL = {"glm4_moe": 0.05}
 DENSE_ARCHS = ARCHS[:2]  # tp.load (the per-rank loader) reads dense models only
 LOADER_CASES = (("llama", "gptq", "gptq"), ("qwen2", "awq", "gemv"),  # tp.load only, besides the gemm cases
                 ("llama", "compressed-tensors", "compressed_tensors_asym"))
@@ -108,11 +115,12 @@ def test_tp2_matches_unsharded(tp2, arch):
             torch.testing.assert_close(got[f"{mode}_step_logits"], ref["step_logits"], atol=2e-3, rtol=2e-3)
         assert got["graph_breaks"] == 0
         ars = got["all_reduce_per_graph"]
-        assert ars and all(n == 2 * cfg.num_hidden_layers for n in ars), ars
+        want_ars = 2 * cfg.num_hidden_layers + EXTRA_ALL_REDUCE.get(arch, 0)
+        assert ars and all(n == want_ars for n in ars), ars
         assert got["all_gather_per_graph"] == [1] * len(ars), got["all_gather_per_graph"]  # vocab-parallel lm_head
         assert got["templated_kernels"] > 0
         w8, want8 = got["w4a8_logits"], ref["w4a8_logits"]
-        assert float((w8 - want8).norm() / want8.norm()) < 0.03
+        assert float((w8 - want8).norm() / want8.norm()) < W4A8_TOL.get(arch, 0.03)
     # every rank holds the same (all-reduced) result
     torch.testing.assert_close(ranks[0][arch]["eager_logits"], ranks[1][arch]["eager_logits"], atol=0, rtol=0)
 

@@ -46,7 +46,8 @@ def awq_sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torc
     row per sequence and a half dtype (``query`` [B, H, q_len, D]) and the attention is plain."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.dtype not in _HALF or not _plain(module, kwargs):
+    if query.dtype not in _HALF or not _plain(module, kwargs) or value.shape[-1] != query.shape[-1]:
+        # (our kernels take one head dim for q, k and v; MLA's v head is narrower: DeepSeek-V3 192 / 128)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling")
     scaling = query.shape[-1] ** -0.5 if scaling is None else float(scaling)

@@ -56,7 +56,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.quantizers.quantizers_utils import should_convert_module
 from transformers.utils import quantization_config as qc
 
-from .. import families, formats, transform
+from .. import experts_structure, families, formats, transform
 from ..nn import CheckpointInt4Linear, CheckpointMoEExperts, ScaledActivation
 from ..schemes import scheme_for
 from ..transform.model_pass import LM_HEAD_CHOICES
@@ -180,31 +180,50 @@ def _rename_key(key: str, model_type: Optional[str]) -> str:
 
 
 def _insert_moe_placeholders(model, skip, header: Optional[dict], first: str = "qweight") -> None:
-    """Each transformers experts module (3-D ``gate_up_proj`` / ``down_proj``, names in
-    ``families.FAMILIES``) whose checkpoint stores int4 experts becomes a
+    """Each transformers experts module (3-D ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I],
+    recognised by structure: :func:`awq_inductor.experts_structure.silu_gated_experts`, whatever
+    its class is called) whose checkpoint stores int4 experts becomes a
     :class:`CheckpointMoEExperts`: per-expert keys (``experts.0.gate_proj.qweight``: one
-    ``nn.Linear`` per expert and projection) or fused 3-D keys (``experts.gate_up_proj.qweight``
-    [E, ...]: one stacked linear per projection); the int4 placeholder pass then treats them like
-    any linear (shape / missing-tensor checks). Experts in ``modules_to_not_convert`` or stored
-    in floating point keep transformers' module. Without a readable header: per-expert keys."""
+    ``nn.Linear`` per expert and projection, names from ``families.expert_names``) or fused 3-D keys
+    (``experts.gate_up_proj.qweight`` [E, ...]: one stacked linear per projection); the int4
+    placeholder pass then treats them like any linear (shape / missing-tensor checks). Experts in
+    ``modules_to_not_convert`` or stored in floating point keep transformers' module. A module with
+    3-D ``gate_up_proj`` / ``down_proj`` that computes something else (biases, another activation,
+    a transposed layout, another forward) while the checkpoint holds int4 experts for it raises
+    :class:`CheckpointError` naming the module, its class and what differs. Without a readable
+    header: per-expert keys for the modules that pass the structural test."""
     prefix = getattr(model, "base_model_prefix", "") or ""
     mt = getattr(model.config, "model_type", None)
     keys = None if header is None else {_rename_key(k, mt) for k in header}
+    names = families.expert_names(mt)
 
     def stored(key: str) -> bool:
         return bool({key, f"{prefix}.{key}", key.partition(".")[2]} & keys)
 
     for name, mod in list(model.named_modules()):
-        fam = families.experts_family(type(mod).__name__)
-        if fam is None or not should_convert_module(name, skip):
+        if not experts_structure.looks_like_experts(mod) or not should_convert_module(name, skip):
             continue
-        names = fam.expert_names
         fused = keys is not None and stored(f"{name}.{families.FUSED_EXPERT_NAMES[0]}.{first}")
         if keys is not None and not fused and not stored(f"{name}.0.{names[0]}.{first}"):
             continue  # experts stored in floating point: transformers loads them as they are
+        ok, why = experts_structure.silu_gated_experts(mod)
+        if not ok:
+            if keys is None:
+                continue
+            raise CheckpointError(
+                f"awq_inductor: {name} ({type(mod).__name__}): the checkpoint stores int4 experts for it, but "
+                f"this experts module does not compute sum_k w * down(SiLU(gate) * up) as awq::int4_moe does: "
+                f"{'; '.join(why)}. List it in modules_to_not_convert to load it in floating point.")
         E, two_i, H = mod.gate_up_proj.shape
         with torch.device("meta"):
             model.set_submodule(name, CheckpointMoEExperts(E, H, two_i // 2, names, fused=fused))
+
+
+def _ignored_on_load(model) -> List["re.Pattern"]:
+    """transformers' ``_keys_to_ignore_on_load_unexpected`` (e.g. DeepSeek-V3's multi-token-prediction
+    layer 61, GLM-4-MoE's 46 / 92): checkpoint keys transformers drops silently."""
+    pats = getattr(model, "_keys_to_ignore_on_load_unexpected", None) or []
+    return [re.compile(p) for p in pats]
 
 
 def _fmt_list(items: List[str], limit: int = 12) -> str:
@@ -272,9 +291,12 @@ class _InductorQuantizer(HfQuantizer):
         linears = [(n, type(m)) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
         # compressed-tensors ignore / targets, AutoRound 16-bit layers / block_name_to_quantize
         config_skips = fmt.skipped_modules(cfg.to_dict(), linears)
+        # routers of DeepSeek-V3 / GLM-4-MoE (``mlp.gate``, fp32 with their e_score_correction_bias) are in
+        # the strict fp32 list; they are not nn.Linear, but keep anything listed there out of int4 anyway
+        fp32 = list(getattr(model, "_keep_in_fp32_modules", None) or []) + \
+            list(getattr(model, "_keep_in_fp32_modules_strict", None) or [])
         skip = self.get_modules_to_not_convert(model, list(getattr(cfg, "modules_to_not_convert", None) or []) +
-                                               config_skips, getattr(model, "_keep_in_fp32_modules", None),
-                                               add_default_skips=True)
+                                               config_skips, fp32 or None, add_default_skips=True)
         self.modules_to_not_convert = skip
         headers = read_checkpoint_headers(kwargs.get("checkpoint_files"))
         header = None if headers is None else {k: v[:2] for k, v in headers.items()}
@@ -344,17 +366,19 @@ class _InductorQuantizer(HfQuantizer):
     def _check_header(self, model, hkeys, placeholders, act_modules):
         problems = []
         unexpected = []
+        ignored = _ignored_on_load(model)
         for mkey, (ckey, (shape, dt)) in hkeys.items():
             mod_name, _, leaf = mkey.rpartition(".")
-            if leaf not in _QUANT_SUFFIXES:
+            if leaf not in _QUANT_SUFFIXES or any(p.search(ckey) for p in ignored):
                 continue
             if mod_name in placeholders or (leaf == "scales" and mod_name in act_modules):
                 continue
             unexpected.append(ckey)
         if unexpected:
             moe = [k for k in unexpected if re.search(r"\.experts\.\d+\.", k)]
-            hint = (" Per-expert MoE weights: experts beyond the config's expert count, or an experts module "
-                    f"awq_inductor does not know (it knows {', '.join(families.experts_classes())})." if moe else "")
+            hint = (" Per-expert MoE weights: experts beyond the config's expert count, per-expert names other "
+                    f"than {'/'.join(families.expert_names(getattr(model.config, 'model_type', None)))}, or no "
+                    "experts module with 3-D gate_up_proj / down_proj at that path." if moe else "")
             raise CheckpointError(
                 f"awq_inductor: {len(unexpected)} quantized checkpoint tensors have no int4 linear module to "
                 f"load into and would be dropped (leaving layers randomly initialised): {_fmt_list(unexpected)}.{hint}")

@@ -7,6 +7,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from ..families import MLA_PROJECTIONS
 from ..formats import source_of
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 from ..nn.head import Bf16HeadLinear
@@ -112,11 +113,31 @@ def _need(name: str, mod, cls, what: str):
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_mla(name: str, mod: nn.Module) -> None:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) is not split: refuse it by name."""
+    mla = [p for p in MLA_PROJECTIONS if p in mod._modules]
+    if mla:
+        raise TPError(f"{name}: multi-head latent attention ({', '.join(mla)}) is not supported by tensor "
+                      f"parallelism: its low-rank q / kv projections and their norms are not split over heads; "
+                      f"run this model unsharded")
+
+
+def _check_qk_norm(name: str, attn: nn.Module, d: int) -> None:
+    """q_norm / k_norm over the whole projection (OLMoE) would need every rank's heads: refuse it."""
+    for n in ("q_norm", "k_norm"):
+        w = getattr(attn._modules.get(n), "weight", None)
+        if isinstance(w, torch.Tensor) and w.numel() != d:
+            raise TPError(f"{name}.{n}: normalises the whole projection ({w.numel()} features, not one head of "
+                          f"{d}), so it cannot be split over heads for tensor parallelism")
+
+
 def _plan_attention(name: str, attn: nn.Module, hq_all: int, hkv_all: int, rank: int, world: int,
                     group) -> Plan:
     d = getattr(attn, "head_dim", None)
     if not isinstance(d, int):
         raise TPError(f"{name}: expected an attention module with an int head_dim, got {d!r}")
+    if world > 1:
+        _check_qk_norm(name, attn, d)
     if hq_all % world or hkv_all % world:
         raise TPError(f"{name}: attention heads must divide over the {world} ranks (whole KV heads per rank): "
                       f"num_attention_heads={hq_all}, num_key_value_heads={hkv_all}")
@@ -279,6 +300,8 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     n_mlp = n_moe = 0
     attns = []
     for name, mod in model.named_modules():
+        if world > 1:
+            _check_mla(name, mod)
         if "o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj")):
             if hq_all is None:
                 raise TPError(f"{name}: the model config has no num_attention_heads")

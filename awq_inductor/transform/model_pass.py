@@ -108,9 +108,11 @@ def _forward_input_name(fn) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _fusable_forward(cls: type, parts: Tuple[str, ...]) -> Optional[str]:
+def _fusable_forward(cls: type, parts: Tuple[str, ...], absent: Tuple[str, ...] = ()) -> Optional[str]:
     """Name of the forward's input if it is used only as ``self.<part>(x)`` (once per part) and
-    ``x.shape``; else None (do not fuse)."""
+    ``x.shape``; else None (do not fuse). ``absent``: attributes the module lacks or holds as None: a
+    call ``self.<absent>(x)`` sits in a branch this instance never takes (DeepSeek-V3's ``q_proj = None``
+    when ``q_lora_rank`` is set; taken, it would raise, never compute on the fused output)."""
     result = None
     try:
         fn = inspect.unwrap(cls.forward)
@@ -131,6 +133,11 @@ def _fusable_forward(cls: type, parts: Tuple[str, ...]) -> Optional[str]:
                         ok_names.add(id(node.args[0]))
                     else:
                         bad = True
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                        and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
+                        and node.func.attr in absent and len(node.args) == 1 and not node.keywords \
+                        and isinstance(node.args[0], ast.Name) and node.args[0].id == arg:
+                    ok_names.add(id(node.args[0]))
                 if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name) \
                         and node.value.id == arg:
                     ok_names.add(id(node.value))
@@ -213,6 +220,25 @@ def _fused_source(mods: List[nn.Module], names) -> CheckpointSource:
         (n, m.out_features, m.bias is not None) for n, m in zip(names, mods)))
 
 
+class _SelfCalls(dict):
+    """{class: names of every ``self.<name>(...)`` called in its forward} (computed once per class)."""
+
+    def __missing__(self, cls):
+        names = ()
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(cls.forward))))
+            names = tuple(sorted({n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call)
+                                  and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+                                  and n.func.value.id == "self"}))
+        except (OSError, TypeError, SyntaxError):
+            pass
+        self[cls] = names
+        return names
+
+
+_SELF_CALLS = _SelfCalls()
+
+
 def _fuse_module(module: nn.Module, fused_attr: str, parts: Tuple[str, ...]) -> bool:
     if hasattr(module, "_awq_fused_attr") or fused_attr in module._modules:
         return False
@@ -221,7 +247,8 @@ def _fuse_module(module: nn.Module, fused_attr: str, parts: Tuple[str, ...]) -> 
         return False
     if fusion_blocker(mods) is not None:
         return False
-    arg = _fusable_forward(type(module), parts)
+    absent = tuple(a for a in _SELF_CALLS[type(module)] if getattr(module, a, None) is None)
+    arg = _fusable_forward(type(module), parts, absent)
     if arg is None:
         return False
     fused = fuse_linears(mods, list(parts))
