@@ -95,8 +95,15 @@ def test_ct_ignore_and_autoround_extra_config_load_as_float(tmp_path):
         _check_logits_and_greedy(model, ref)
 
 
-def test_compiled_bf16_compressed_tensors(tmp_path):
-    path, ref = _make(tmp_path, "compressed-tensors", "compressed_tensors", 32, scales_dtype=torch.bfloat16)
+@pytest.mark.parametrize("method, fmt, sdt", [
+    ("compressed-tensors", "compressed_tensors", torch.bfloat16),
+    ("auto-round", "autoround_gptq", torch.float16),
+    ("auto-round", "autoround_awq", torch.float16),
+], ids=["compressed_tensors", "autoround_gptq", "autoround_awq"])
+def test_compiled_bf16(tmp_path, method, fmt, sdt):
+    """Compiled (backend awq_inductor) bf16 logits of a checkpoint in each new layout family:
+    within bf16 tolerance of eager and of the dequantized reference."""
+    path, ref = _make(tmp_path, method, fmt, 32, scales_dtype=sdt)
     model = _load(path, dtype=torch.bfloat16)
     ids = _ids()
     with torch.no_grad():
