@@ -64,6 +64,17 @@ def _check_logits_and_greedy(model, ref):
     assert torch.equal(model.generate(prompt, **GEN), ref.generate(prompt, **GEN))
 
 
+def _check_saved_byte_identical(model, path, tmp_path):
+    """save_pretrained writes the loaded checkpoint's tensors back bit for bit (same keys, dtypes, bytes)."""
+    out = str(tmp_path / "saved")
+    model.save_pretrained(out)
+    a, b = load_file(os.path.join(path, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8) if a[k].dim() else a[k],
+                                                        b[k].view(torch.uint8) if b[k].dim() else b[k]), k
+
+
 @pytest.mark.parametrize("qm,fmt,gs,sdt", CASES, ids=[c[1] for c in CASES])
 def test_load_logits_greedy_and_save_round_trip(tmp_path, qm, fmt, gs, sdt):
     path, ref = _make(tmp_path, qm, fmt, gs, scales_dtype=sdt)
@@ -73,13 +84,7 @@ def test_load_logits_greedy_and_save_round_trip(tmp_path, qm, fmt, gs, sdt):
     assert sum(isinstance(m, AWQLinear) for m in layers.modules()) == 3 * 2
     assert sum(isinstance(m, AWQGateUpSiluMul) for m in layers.modules()) == 2
     _check_logits_and_greedy(model, ref)
-    out = str(tmp_path / "saved")
-    model.save_pretrained(out)
-    a, b = load_file(os.path.join(path, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
-    assert set(a) == set(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8) if a[k].dim() else a[k],
-                                                        b[k].view(torch.uint8) if b[k].dim() else b[k]), k
+    _check_saved_byte_identical(model, path, tmp_path)
     with open(os.path.join(path, "config.json")) as f1, open(os.path.join(out, "config.json")) as f2:
         qa, qb = json.load(f1)["quantization_config"], json.load(f2)["quantization_config"]
     assert {k: qb.get(k) for k in qa} == qa
@@ -168,12 +173,7 @@ def test_gptq_act_order_load_fusion_save(tmp_path, act_order):
         assert isinstance(layer.mlp.gate_up_proj, AWQGateUpSiluMul) and layer.mlp.gate_up_proj.perm is not None
     assert all(p is not None for p in _perms(model))
     _check_logits_and_greedy(model, ref)
-    out = str(tmp_path / "saved")
-    model.save_pretrained(out)
-    a, b = load_file(os.path.join(path, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
-    assert set(a) == set(b)
-    for k in a:
-        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    _check_saved_byte_identical(model, path, tmp_path)
 
 
 def test_gptq_act_order_w4a8_keeps_the_permutation(tmp_path):
