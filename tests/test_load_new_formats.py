@@ -64,8 +64,9 @@ def _check_logits_and_greedy(model, ref):
     assert torch.equal(model.generate(prompt, **GEN), ref.generate(prompt, **GEN))
 
 
-def _check_saved_byte_identical(model, path, tmp_path):
-    """save_pretrained writes the loaded checkpoint's tensors back bit for bit (same keys, dtypes, bytes)."""
+def _check_saved_byte_identical(model, path, tmp_path) -> str:
+    """save_pretrained writes the loaded checkpoint's tensors back bit for bit (same keys, dtypes,
+    bytes); returns the saved folder."""
     out = str(tmp_path / "saved")
     model.save_pretrained(out)
     a, b = load_file(os.path.join(path, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
@@ -73,6 +74,7 @@ def _check_saved_byte_identical(model, path, tmp_path):
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k].view(torch.uint8) if a[k].dim() else a[k],
                                                         b[k].view(torch.uint8) if b[k].dim() else b[k]), k
+    return out
 
 
 @pytest.mark.parametrize("qm,fmt,gs,sdt", CASES, ids=[c[1] for c in CASES])
@@ -84,7 +86,7 @@ def test_load_logits_greedy_and_save_round_trip(tmp_path, qm, fmt, gs, sdt):
     assert sum(isinstance(m, AWQLinear) for m in layers.modules()) == 3 * 2
     assert sum(isinstance(m, AWQGateUpSiluMul) for m in layers.modules()) == 2
     _check_logits_and_greedy(model, ref)
-    _check_saved_byte_identical(model, path, tmp_path)
+    out = _check_saved_byte_identical(model, path, tmp_path)
     with open(os.path.join(path, "config.json")) as f1, open(os.path.join(out, "config.json")) as f2:
         qa, qb = json.load(f1)["quantization_config"], json.load(f2)["quantization_config"]
     assert {k: qb.get(k) for k in qa} == qa
