@@ -4,6 +4,7 @@ Public API (see README.md, "Public API" and "Where things live"):
     AWQLinear, AWQGateUpSiluMul   the int4 modules (awq_inductor.nn)
     convert(model)                the model pass (awq_inductor.transform)
     patch_transformers()          transformers 5.x loading (awq_inductor.integrations.transformers)
+    compile_for_generate(model)   torch.compile of model.forward that stays compiled across generate calls
     awq_inductor_backend          torch.compile backend, also ``backend="awq_inductor"`` (awq_inductor.inductor)
     config                        package settings
     awq_inductor.tp               tensor parallelism over torch.distributed (tp.shard(model, group))
@@ -16,7 +17,8 @@ from ._version import __version__
 from .nn import AWQGateUpSiluMul, AWQLinear
 
 
-__all__ = ["AWQLinear", "AWQGateUpSiluMul", "convert", "patch_transformers", "awq_inductor_backend", "config", "__version__"]
+__all__ = ["AWQLinear", "AWQGateUpSiluMul", "convert", "patch_transformers", "compile_for_generate",
+           "awq_inductor_backend", "config", "__version__"]
 
 
 def __getattr__(name):
@@ -28,6 +30,9 @@ def __getattr__(name):
     if name == "patch_transformers":
         from .integrations.transformers import patch_transformers
         return patch_transformers
+    if name == "compile_for_generate":
+        from .integrations.generation import compile_for_generate
+        return compile_for_generate
     if name == "awq_inductor_backend":
         from .inductor.backend import awq_inductor_backend
         return awq_inductor_backend

@@ -1,0 +1,90 @@
+"""A compiled forward that stays compiled across the ``generate`` calls users make (transformers 5).
+
+Measured on the shipped tiny Llama, 2 cores, ``model.forward = torch.compile(model.forward,
+backend="awq_inductor")`` and ``generate`` on left-padded batches of 1, 2, 3, 4, 2, 1, 8, 1
+prompts: Dynamo's recompile limit (8) was hit on the third call, and the frame ran eager from then
+on (1.9 s for the next call instead of 0.05). The guards that failed (``torch._logging.set_logs(
+recompiles=True)``):
+
+* ``len(kwargs)``: generate passes ``attention_mask`` to some forwards and not to others;
+* sizes of ``input_ids`` and of the cache's keys: automatic dynamic shapes make a dim dynamic only
+  after it changed once, so prefill, decode and the first longer cache each cost a graph;
+* the cache's key **strides** ("expected 64, actual 832"): the compiled prefill hands the keys to
+  the cache in the projection's ``transpose(1, 2)`` stride order (Inductor keeps its input's order
+  for the cat), every later cat leaves them contiguous.
+
+:func:`compile_for_generate` compiles with dynamic shapes from the first call, makes every forward
+generate issues look alike (``attention_mask`` always passed, ``None`` when it masks nothing: all
+ones is the same attention as no mask) and stores the first keys / values of each cache layer
+contiguous. The same sequence of calls then ends with 5 graphs and no recompile after the third
+call (prefill and decode, batch 1 and more, with a padding mask): ``tests/test_generation.py``.
+"""
+from __future__ import annotations
+
+import functools
+import types
+from typing import Optional
+
+import torch
+from torch import nn
+
+_STABLE_STRIDES = False
+
+
+def stable_cache_strides() -> None:
+    """transformers' ``DynamicLayer.update`` stores the first keys / values of a layer contiguous
+    (``clone(memory_format=contiguous_format)``: under torch.compile a plain ``.contiguous()`` is a
+    no-op, the fake tensor already claims contiguous strides). One copy of K and V per layer at
+    prefill, none at decode; values unchanged; process-wide and idempotent."""
+    global _STABLE_STRIDES
+    if _STABLE_STRIDES:
+        return
+    from transformers.cache_utils import DynamicLayer
+
+    update = DynamicLayer.update
+
+    @functools.wraps(update)
+    def first_insert_contiguous(self, key_states, value_states, *args, **kwargs):
+        first = not self.is_initialized or self.keys.numel() == 0
+        keys, values = update(self, key_states, value_states, *args, **kwargs)
+        if first and keys is self.keys and values is self.values:
+            self.keys = keys = keys.clone(memory_format=torch.contiguous_format)
+            self.values = values = values.clone(memory_format=torch.contiguous_format)
+        return keys, values
+
+    DynamicLayer.update = first_insert_contiguous
+    _STABLE_STRIDES = True
+
+
+def _mask_or_none(mask):
+    """A 2-D padding mask that masks nothing is no mask (one attention path, one graph)."""
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and bool(mask.all()):
+        return None
+    return mask
+
+
+def normalize_generation_inputs(model: nn.Module) -> None:
+    """``model.prepare_inputs_for_generation`` (run eagerly by ``generate`` before each forward)
+    returns one layout of inputs: ``attention_mask`` always present, None where it masks nothing."""
+    if getattr(model, "_awq_normalized_inputs", False) or not hasattr(model, "prepare_inputs_for_generation"):
+        return
+    inner = model.prepare_inputs_for_generation
+
+    @functools.wraps(inner)
+    def prepare(self, *args, **kwargs):
+        inputs = inner(*args, **kwargs)
+        inputs["attention_mask"] = _mask_or_none(inputs.get("attention_mask"))
+        return inputs
+
+    model.prepare_inputs_for_generation = types.MethodType(prepare, model)
+    model._awq_normalized_inputs = True
+
+
+def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Optional[bool] = True,
+                         **compile_kwargs) -> nn.Module:
+    """``model.forward = torch.compile(model.forward, backend=backend, dynamic=dynamic)`` with
+    :func:`stable_cache_strides` and :func:`normalize_generation_inputs`; returns ``model``."""
+    stable_cache_strides()
+    normalize_generation_inputs(model)
+    model.forward = torch.compile(model.forward, backend=backend, dynamic=dynamic, **compile_kwargs)
+    return model
