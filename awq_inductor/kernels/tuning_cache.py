@@ -158,6 +158,16 @@ class Shape:
     out_features: int
     G: int
 
+    def key(self, isa: str, x_dtype: torch.dtype) -> str:
+        return shape_key(self.op, isa, x_dtype, self.K, self.out_features, self.G)
+
+
+def _measure(s: Shape, isa: str, x_dtype: torch.dtype) -> Plan:
+    """Time the candidate paths of ``s`` now and cache the plan (file and process)."""
+    plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
+    store(s.key(isa, x_dtype), plan, times)
+    return plan
+
 
 def _config_group_size(qc: Optional[dict]) -> int:
     """G of a ``quantization_config`` through its checkpoint format (compressed-tensors keeps it in
@@ -225,11 +235,10 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
         return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
     path, n = cache_path(), threads()
-    todo = [s for s in dict.fromkeys(shapes) if (n, shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)) not in _memo
-            and _cached(path, shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)) is None]
+    todo = [s for s in dict.fromkeys(shapes)
+            if (n, s.key(isa, x_dtype)) not in _memo and _cached(path, s.key(isa, x_dtype)) is None]
     for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
-        plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-        store(shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G), plan, times)
+        _measure(s, isa, x_dtype)
     return len(todo)
 
 
@@ -243,12 +252,9 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
     isa = isa or isa_mod.select()
     out = []
     for s in track(shapes, "tuning kernels", show=show, unit="shape"):
-        key = shape_key(s.op, isa, x_dtype, s.K, s.out_features, s.G)
+        key = s.key(isa, x_dtype)
         plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key)
-        if plan is None:
-            plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-            store(key, plan, times)
-        out.append((s, plan))
+        out.append((s, plan or _measure(s, isa, x_dtype)))
     return out
 
 
