@@ -2,6 +2,7 @@
 prompt lengths, with and without padding), ends with few graphs and generates what eager does."""
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -26,30 +27,115 @@ def _batch(b: int, longest: int, seed: int):
     return ids, mask
 
 
-def test_varied_generate_calls_stay_compiled(tmp_path, caplog):
-    cfg = testing.tiny_config("llama", num_hidden_layers=2)
-    testing.save_quantized(testing.build_float_model(cfg), str(tmp_path / "ckpt"), format="gemm", group_size=32)
+def _tiny_model(tmp_path, layers: int = 2):
+    cfg = testing.tiny_config("llama", num_hidden_layers=layers)
+    path = str(tmp_path / f"ckpt{layers}")
+    testing.save_quantized(testing.build_float_model(cfg), path, format="gemm", group_size=32)
     patch_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"), dtype=torch.float32).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def _generate_alike(model, calls, compiled_call, eager_call):
+    """Each call of ``calls`` (batch, longest prompt) through both callables: same tokens."""
+    for i, (b, n) in enumerate(calls):
+        ids, mask = _batch(b, n, seed=i)
+        kw = {} if b == 1 and i % 2 else {"attention_mask": mask}  # batch-1 calls with and without a mask
+        with compiled_call():
+            got = model.generate(ids, **kw, **GEN)
+        with eager_call():
+            want = model.generate(ids, **kw, **GEN)
+        assert torch.equal(got, want), (i, b, n)
+
+
+class _Forward:
+    """Context managers that put one of two ``model.forward`` in place (whole-model compile)."""
+
+    def __init__(self, model, forward):
+        self.model, self.forward = model, forward
+
+    def __call__(self):
+        model, forward = self.model, self.forward
+
+        class Use:
+            def __enter__(self):
+                model.forward = forward
+
+            def __exit__(self, *exc):
+                return False
+
+        return Use()
+
+
+CALLS = [(1, 12), (2, 17), (3, 9), (1, 5), (4, 21), (2, 8), (1, 30), (8, 13)]
+
+
+def test_varied_generate_calls_stay_compiled_whole_model(tmp_path, caplog):
+    model = _tiny_model(tmp_path)
     eager_forward = model.forward
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
     counters.clear()
-    compile_for_generate(model)
-    compiled_forward = model.forward
-    calls = [(1, 12), (2, 17), (3, 9), (1, 5), (4, 21), (2, 8), (1, 30), (8, 13)]
+    compile_for_generate(model, regional=False)
     with caplog.at_level(logging.WARNING, logger="torch._dynamo"), torch.no_grad():
-        for i, (b, n) in enumerate(calls):
-            ids, mask = _batch(b, n, seed=i)
-            kw = {} if b == 1 and i % 2 else {"attention_mask": mask}  # batch-1 calls with and without a mask
-            model.forward = compiled_forward
-            got = model.generate(ids, **kw, **GEN)
-            model.forward = eager_forward
-            want = model.generate(ids, **kw, **GEN)
-            assert torch.equal(got, want), (i, b, n)
+        _generate_alike(model, CALLS, _Forward(model, model.forward), _Forward(model, eager_forward))
     assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()]
     # prefill and decode x batch 1 and more x padding mask or none: at most 6 graphs for any sequence
     # (plain torch.compile(model.forward) hits the limit of 8 on this sequence: checked when written)
     assert 2 <= counters["stats"]["unique_graphs"] <= 6, counters["stats"]
     torch._dynamo.reset()
+
+
+def test_varied_generate_calls_stay_compiled_regional(tmp_path, caplog):
+    """The default, one compiled decoder layer for all: the same tokens as eager over calls of batch
+    1-16, prompt lengths 1-200, with and without padding; 4 graphs for the main sequence (prefill and
+    decode, batch 1 without a mask and more rows with one); no recompile limit over the rest."""
+    model = _tiny_model(tmp_path)
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compile_for_generate(model)
+    assert all(getattr(layer.forward, "_awq_regional", False) for layer in model.model.layers)
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        _generate_alike(model, CALLS, contextlib.nullcontext, _dynamo_disabled)
+        assert counters["stats"]["unique_graphs"] == 4, counters["stats"]
+        _generate_alike(model, [(16, 40), (5, 200), (1, 1), (3, 1), (2, 2)], contextlib.nullcontext,
+                        _dynamo_disabled)
+    assert not [r for r in caplog.records if "recompile_limit" in r.getMessage()], caplog.text
+    assert counters["stats"]["unique_graphs"] <= 16, counters["stats"]
+    torch._dynamo.reset()
+
+
+def _dynamo_disabled():
+    """Every compiled function runs its original Python code, cached graphs included."""
+    return torch.compiler.set_stance("force_eager")
+
+
+def _graphs_and_compiles(tmp_path, layers: int):
+    """(Dynamo graphs, AOT-compiled graphs, int4 ops lowered by Inductor) over two generate calls,
+    with Inductor's FX graph cache off (every graph is lowered, none is read back)."""
+    from unittest import mock
+
+    from torch._dynamo.utils import counters
+
+    from awq_inductor.inductor import lowering
+
+    model = _tiny_model(tmp_path, layers)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_for_generate(model)
+    with torch.no_grad(), torch._inductor.config.patch(fx_graph_cache=False), \
+            mock.patch.object(lowering, "lower", wraps=lowering.lower) as lowered:
+        for i, (b, n) in enumerate([(1, 9), (3, 14)]):
+            ids, mask = _batch(b, n, seed=i)
+            model.generate(ids, attention_mask=mask, **GEN)
+    work = (counters["stats"]["unique_graphs"], counters["aot_autograd"]["total"], lowered.call_count)
+    torch._dynamo.reset()
+    return work
+
+
+def test_compile_work_does_not_grow_with_layers(tmp_path):
+    """Regional compile: 2 and 8 layers trace, lower and compile the same number of graphs."""
+    two, eight = _graphs_and_compiles(tmp_path, 2), _graphs_and_compiles(tmp_path, 8)
+    assert two[0] >= 2 and two[2] > 0 and two == eight, (two, eight)

@@ -22,11 +22,14 @@ call (prefill and decode, batch 1 and more, with a padding mask): ``tests/test_g
 from __future__ import annotations
 
 import functools
+import logging
 import types
 from typing import Optional
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 _STABLE_STRIDES = False
 
@@ -81,10 +84,57 @@ def normalize_generation_inputs(model: nn.Module) -> None:
 
 
 def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Optional[bool] = True,
-                         **compile_kwargs) -> nn.Module:
-    """``model.forward = torch.compile(model.forward, backend=backend, dynamic=dynamic)`` with
-    :func:`stable_cache_strides` and :func:`normalize_generation_inputs`; returns ``model``."""
+                         regional: bool = True, **compile_kwargs) -> nn.Module:
+    """Compile ``model`` for ``generate`` with :func:`stable_cache_strides` and
+    :func:`normalize_generation_inputs`; returns ``model``.
+
+    ``regional=True`` (default): each decoder layer kind is compiled once and its code reused for
+    every layer (:mod:`awq_inductor.integrations.regional`), the outer forward stays eager; where a
+    model has no repeated decoder layers, or with ``regional=False``, ``model.forward`` is compiled
+    whole."""
     stable_cache_strides()
     normalize_generation_inputs(model)
+    warn_once_on_recompile_limit()
+    if regional:
+        from . import regional as regions
+
+        try:
+            regions.compile_regions(model, backend=backend, dynamic=dynamic, **compile_kwargs)
+            return model
+        except ValueError as e:
+            log.warning("awq_inductor: compiling %s.forward whole, not per decoder layer: %s",
+                        type(model).__name__, e)
     model.forward = torch.compile(model.forward, backend=backend, dynamic=dynamic, **compile_kwargs)
     return model
+
+
+class _RecompileLimitAlarm(logging.Filter):
+    """Dynamo says in one WARNING line that it hit its recompile limit and then runs the frame
+    eager for the rest of the process; this repeats it once per function as our own warning that
+    names the cost and the guard that failed (the record's arguments: limit, value, function,
+    last reason)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        if msg.startswith("torch._dynamo hit config.") and isinstance(record.args, tuple) and len(record.args) >= 4:
+            limit, value, function, reason = record.args[:4]
+            if function not in self.seen:
+                self.seen.add(function)
+                log.warning("awq_inductor: compiled code ABANDONED for %s: Dynamo hit %s=%s, so this "
+                            "function now runs eager for the rest of the process (decode several times "
+                            "slower). Cause, the guard that failed last: %s", function, limit, value, reason)
+        return True
+
+
+_ALARM = _RecompileLimitAlarm()
+
+
+def warn_once_on_recompile_limit() -> None:
+    """Install :class:`_RecompileLimitAlarm` on Dynamo's logger (idempotent)."""
+    dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+    if _ALARM not in dynamo_log.filters:
+        dynamo_log.addFilter(_ALARM)

@@ -1,0 +1,163 @@
+"""Regional compilation: Dynamo and Inductor compile a decoder layer once per layer kind, and every
+layer of that kind runs the same compiled code (the model's outer forward, embedding to logits,
+stays eager).
+
+Why: compiling ``model.forward`` whole unrolls every layer into one graph, so Dynamo tracing,
+Inductor lowering and the C++ build grow with depth (tiny AWQ Llama, 2 cores, fresh caches: first
+``generate`` 47.8 s at 4 layers, 119.6 s at 32). Compiling each layer with ``layer.compile()`` is
+not enough in transformers 5: the attention calls ``cache.update(k, v, self.layer_idx)``, and
+``Cache.update`` indexes ``self.layers[layer_idx]`` inside the traced code, so Dynamo guards on
+the index and compiles one graph per layer (measured: 8 graphs for 4 layers, prefill and decode),
+hitting its recompile limit (8) at 4 layers. Here each layer gets a :class:`LayerCacheView`, made
+outside the compiled code, that already holds its own cache layer and ignores the index: the int
+is then passed through untouched and never guarded on (checked: 1 graph for 5 instances).
+
+One compiled function per layer kind (the layer's module tree: DeepSeek-V3's dense first layers and
+its MoE layers are two kinds), each with an isolated recompile budget (``torch.compile``'s
+``isolate_recompiles``), so two kinds never share Dynamo's limit.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+# keyword names under which transformers passes the cache to a decoder layer (5.24: "cache";
+# earlier 5.x and models not yet migrated: "past_key_values")
+CACHE_KWARGS = ("cache", "past_key_values")
+
+
+class LayerCacheView:
+    """One decoder layer's view of a transformers ``Cache``: ``update(keys, values, layer_idx, ...)``
+    goes to that layer's cache layer, resolved before the compiled code runs, and the index is not
+    read (see the module docstring). Everything else is the cache's own attribute or method."""
+
+    def __init__(self, cache, layer):
+        self._cache = cache
+        self._layer = layer
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self._layer.update(key_states, value_states, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
+def _cache_layer(cache, index: int):
+    """``cache.layers[index]``, created as ``Cache.update`` would; None where a view would change
+    what ``update`` does (offloading caches, caches without per-layer objects)."""
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list) or getattr(cache, "offloading", False):
+        return None
+    replicate = getattr(cache, "layer_class_to_replicate", None)
+    while replicate is not None and len(layers) <= index:
+        layers.append(replicate())
+    return layers[index] if index < len(layers) else None
+
+
+def decoder_layers(model: nn.Module) -> List[nn.ModuleList]:
+    """The ``nn.ModuleList``s of repeated decoder layers: those whose every child is of a class
+    transformers names in ``_no_split_modules`` (the unit it never splits across devices)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    found = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) and \
+                all(type(child).__name__ in names for child in module):
+            found.append(module)
+    return found
+
+
+def layer_index(layer: nn.Module, position: int) -> int:
+    """The ``layer_idx`` the layer's attention passes to the cache: its position in the list, as
+    transformers builds them; refused where a submodule says otherwise (the view would route that
+    layer's keys and values to another layer)."""
+    seen = {getattr(m, "layer_idx") for m in layer.modules() if isinstance(getattr(m, "layer_idx", None), int)}
+    if seen and seen != {position}:
+        raise ValueError(f"regional compile: layer {position} ({type(layer).__name__}) has layer_idx "
+                         f"{sorted(seen)}, expected {position}")
+    return position
+
+
+def layer_kind(layer: nn.Module) -> Tuple:
+    """What makes two layers compile to different code: the classes in the module tree."""
+    return tuple((name, type(m).__qualname__) for name, m in layer.named_modules())
+
+
+def _run_layer(forward, args, kwargs):
+    return forward(*args, **kwargs)
+
+
+
+# Graphs one layer kind may need: prefill (empty cache) and decode x padding mask or none x batch 1
+# or more (Dynamo specialises sizes 0 and 1), and the 1-token prompt's prefill and first decode
+# (cache length 1) per batch class: 12; Dynamo's default limit (8) would be hit by a server that
+# sees them all (measured: the 12-call sequence of tests/test_generation.py reached 8).
+RECOMPILE_LIMIT = 16
+
+
+def _compiled_step(compile_kwargs: dict) -> Callable:
+    # isolate_recompiles: every call of torch.compile gets its own Dynamo cache on the shared code
+    # object, so each layer kind has the whole recompile budget
+    compile_kwargs = {"recompile_limit": RECOMPILE_LIMIT, **compile_kwargs}
+    return torch.compile(_run_layer, isolate_recompiles=True, **compile_kwargs)
+
+
+def _without_duck_shapes(forward: Callable) -> Callable:
+    """``forward`` with Dynamo's duck shaping off while it runs (read when a trace starts). Why:
+    duck shaping gives equal sizes one symbol, so a batch of 2 shared the symbol of the 2 key-value
+    heads, the head count's reshape pinned it to 2 and batch 3 compiled another graph (measured on
+    the 2-head tiny Llama: 5 graphs for the sequence that needs 4 without it)."""
+    if getattr(forward, "_awq_no_duck_shapes", False):
+        return forward
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        with torch.fx.experimental._config.patch(use_duck_shape=False):
+            return forward(*args, **kwargs)
+
+    run._awq_no_duck_shapes = True
+    return run
+
+
+def _regional_forward(original: Callable, step: Callable, index: int) -> Callable:
+    def forward(*args, **kwargs):
+        for key in CACHE_KWARGS:
+            cache = kwargs.get(key)
+            if cache is not None and not isinstance(cache, LayerCacheView):
+                layer = _cache_layer(cache, index)
+                if layer is not None:
+                    kwargs[key] = LayerCacheView(cache, layer)
+        return step(original, args, kwargs)
+
+    forward._awq_regional = True
+    return forward
+
+
+def compile_regions(model: nn.Module, backend="awq_inductor", dynamic: Optional[bool] = True,
+                    **compile_kwargs) -> Dict[Tuple, List[int]]:
+    """Compile every decoder layer of ``model`` regionally (in place: ``layer.forward`` becomes the
+    compiled step of its kind). Returns {layer kind: layer positions}. Raises ``ValueError`` when
+    the model has no repeated decoder layers (compile ``model.forward`` instead)."""
+    lists = decoder_layers(model)
+    if not lists:
+        raise ValueError(f"regional compile: {type(model).__name__} has no nn.ModuleList of the layer "
+                         f"classes in its _no_split_modules {getattr(model, '_no_split_modules', None)}")
+    kwargs = dict(backend=backend, dynamic=dynamic, **compile_kwargs)
+    steps: Dict[Tuple, Callable] = {}
+    kinds: Dict[Tuple, List[int]] = {}
+    for layers in lists:
+        for position, layer in enumerate(layers):
+            if getattr(layer.forward, "_awq_regional", False):
+                continue
+            kind = layer_kind(layer)
+            step = steps.setdefault(kind, _compiled_step(kwargs))
+            layer.forward = _regional_forward(layer.forward, step, layer_index(layer, position))
+            kinds.setdefault(kind, []).append(position)
+    model.forward = _without_duck_shapes(model.forward)
+    log.info("regional compile: %d layers, %d kinds", sum(map(len, kinds.values())), len(kinds))
+    return kinds
