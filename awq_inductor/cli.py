@@ -267,22 +267,23 @@ def _load(args, path: str, dtype, tp_info):
 
 
 def _run_compiled(args, model, tokenizer, ids) -> tuple:
-    """(result, streamed) of the compiled path: torch.compile(model.forward), stream, time."""
-    import torch
+    """(result, streamed) of the compiled path: :func:`compile_for_generate` (one compiled decoder
+    layer per layer kind), stream, time."""
+    from .integrations.generation import compile_for_generate, uncompile
 
     try:
         from .inductor.backend import awq_inductor_backend as backend
         bname = "awq_inductor"
     except ImportError:
         backend, bname = "inductor", "inductor"
-    _log(f"Compiling with backend {bname!r} (first calls compile prefill and decode graphs)...")
-    orig_forward = model.forward
-    model.forward = torch.compile(orig_forward, backend=backend)
+    _log(f"Compiling with backend {bname!r}, once per decoder layer kind (the first calls compile "
+         f"the prefill and decode graphs)...")
+    compile_for_generate(model, backend=backend)
     try:
         streamed = _stream(model, tokenizer, ids, args.new_tokens, f"compiled ({bname})")
         return bench(model, ids, args.new_tokens, f"awq int4 compiled ({bname})"), streamed
     finally:
-        model.forward = orig_forward
+        uncompile(model)
 
 
 def _run_methods(args, model, path: str, tokenizer, ids, dtype) -> dict:

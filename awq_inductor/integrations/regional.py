@@ -135,6 +135,7 @@ def _regional_forward(original: Callable, step: Callable, index: int) -> Callabl
         return step(original, args, kwargs)
 
     forward._awq_regional = True
+    forward._awq_original = original
     return forward
 
 
@@ -161,3 +162,23 @@ def compile_regions(model: nn.Module, backend="awq_inductor", dynamic: Optional[
     model.forward = _without_duck_shapes(model.forward)
     log.info("regional compile: %d layers, %d kinds", sum(map(len, kinds.values())), len(kinds))
     return kinds
+
+
+def restore(model: nn.Module) -> int:
+    """Undo :func:`compile_regions`: every layer and the model run their original Python forward
+    again (the compiled code stays cached for a later ``compile_regions``). Returns the number of
+    layers restored."""
+    n = 0
+    for layers in decoder_layers(model):
+        for layer in layers:
+            original = getattr(layer.forward, "_awq_original", None)
+            if original is not None:
+                layer.forward = original
+                if getattr(original, "__func__", None) is getattr(type(layer), "forward", None):
+                    del layer.forward  # the class's method again, not an instance attribute
+                n += 1
+    if getattr(model.forward, "_awq_no_duck_shapes", False):
+        model.forward = model.forward.__wrapped__
+        if getattr(model.forward, "__func__", None) is getattr(type(model), "forward", None):
+            del model.forward
+    return n

@@ -17,6 +17,7 @@ import functools
 import os
 import subprocess
 import tempfile
+import threading
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -47,8 +48,24 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
     key = native_key(source, all_flags, isa, compiler_id(cxx))
     d = cache_dir()
     so = os.path.join(d, f"{name}_{isa or 'any'}_{key}.so")
-    if os.path.exists(so):
-        return so
+    with _build_lock(so):  # a second thread asking for the same file waits for it, not builds it again
+        if not os.path.exists(so):
+            _compile(cxx, all_flags, source, so, name, key, d)
+    return so
+
+
+_BUILD_LOCKS: dict = {}
+_BUILD_LOCKS_GUARD = threading.Lock()
+
+
+def _build_lock(path: str) -> threading.Lock:
+    with _BUILD_LOCKS_GUARD:
+        return _BUILD_LOCKS.setdefault(path, threading.Lock())
+
+
+def _compile(cxx: str, all_flags: List[str], source: str, so: str, name: str, key: str, d: str) -> None:
+    """Compile ``source`` to ``so`` through a temporary file (atomic rename: concurrent processes
+    all produce the same file)."""
     fd, tmp_cpp = tempfile.mkstemp(suffix=".cpp", prefix=f"{name}_{key}_", dir=d)
     tmp_so = tmp_cpp[:-4] + ".so.tmp"
     try:
@@ -70,7 +87,6 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
                 os.unlink(p)
             except FileNotFoundError:
                 pass
-    return so
 
 
 @functools.lru_cache(maxsize=None)

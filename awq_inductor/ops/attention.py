@@ -105,6 +105,12 @@ _PREFILL_ARGS = (VP, *[I64] * 7, VP, *[I64] * 5, VP, *[I64] * 3, VP, *[I64] * 3,
 _DECODE_ARGS = (VP, *[I64] * 5, VP, *[I64] * 5, VP, *[I64] * 3, VP, I64, FLOAT, VP, I64, I64, INT)
 
 
+def prebuild() -> None:
+    """Build (or find in the cache) the prefill and decode kernels now, not at the first call."""
+    _prefill_kernel()
+    _kernel()
+
+
 def _prefill_kernel():
     return _native_kernel("attention/prefill_attention.cpp.j2", "awq_prefill_attention", _PREFILL_ARGS)
 

@@ -53,6 +53,12 @@ def gemv_available() -> bool:
 ARGS = (VP, I64, VP, VP, I64, I64, INT)
 
 
+def prebuild() -> None:
+    """Build (or find in the cache) the GEMV now, not at the first decode step."""
+    if gemv_available():
+        _kernel()
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(kc_one_row: int = KC_ONE_ROW):
     avx512 = isa_mod.get("avx512")
