@@ -139,3 +139,24 @@ def test_compile_work_does_not_grow_with_layers(tmp_path):
     """Regional compile: 2 and 8 layers trace, lower and compile the same number of graphs."""
     two, eight = _graphs_and_compiles(tmp_path, 2), _graphs_and_compiles(tmp_path, 8)
     assert two[0] >= 2 and two[2] > 0 and two == eight, (two, eight)
+
+
+def test_recompile_limit_is_reported_once_with_its_cause(caplog):
+    """When Dynamo gives up on a function, our own warning names it and the failed guard, once."""
+    from awq_inductor.integrations.generation import warn_once_on_recompile_limit
+
+    warn_once_on_recompile_limit()
+    warn_once_on_recompile_limit()  # idempotent: still one report
+
+    def storm_victim(x):
+        return x * 2
+
+    torch._dynamo.reset()
+    fn = torch.compile(storm_victim, backend="eager", dynamic=False, recompile_limit=2)
+    with caplog.at_level(logging.WARNING, logger="awq_inductor"):
+        for n in range(1, 7):
+            assert torch.equal(fn(torch.ones(n)), torch.full((n,), 2.0))
+    ours = [r.getMessage() for r in caplog.records if r.name.startswith("awq_inductor")]
+    assert len(ours) == 1, ours
+    assert "storm_victim" in ours[0] and "ABANDONED" in ours[0] and "size mismatch" in ours[0], ours[0]
+    torch._dynamo.reset()
