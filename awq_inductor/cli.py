@@ -69,12 +69,13 @@ def _dense_model(path: str, dtype):
 
 
 def _dequantized_copy(model, dtype):
-    """Dense copy of a converted model: every int4 module -> nn.Linear on the dequantized weight."""
+    """Dense copy of a converted model: every int4 module -> nn.Linear on the dequantized weight, the
+    rest cast to ``dtype`` except what transformers keeps fp32 at load (DeepSeek/GLM routers)."""
     import copy
 
-    from .baselines import to_dense
+    from .baselines import cast_like_loading, to_dense
 
-    return to_dense(copy.deepcopy(model), dtype).to(dtype)
+    return cast_like_loading(to_dense(copy.deepcopy(model), dtype), dtype)
 
 
 def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
