@@ -123,6 +123,40 @@ class DenseMoEExperts(nn.Module):
         return out
 
 
+def fp32_names(model: nn.Module, dtype: torch.dtype) -> set:
+    """Names of the float parameters and buffers that transformers keeps in fp32 when it loads
+    ``model`` in ``dtype`` (``_keep_in_fp32_modules_strict`` for bf16/fp16, ``_keep_in_fp32_modules``
+    for fp16: DeepSeek-V3's and GLM-4-MoE's router ``gate.weight`` and ``e_score_correction_bias``),
+    matched by transformers' own dtype plan and glob matcher; empty for any other module."""
+    plan = getattr(model, "_get_dtype_plan", None)
+    patterns = [k for k, v in (plan(dtype) if plan else {}).items() if v == torch.float32]
+    if not patterns:
+        return set()
+    from transformers.core_model_loading import build_glob_alternation
+
+    rx = build_glob_alternation(patterns)[0]
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    return {n for n, t in tensors if t.is_floating_point() and rx.search(n)}
+
+
+def cast_like_loading(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast (in place) the float tensors ``from_pretrained(dtype=...)`` would have cast: parameters
+    and persistent buffers, except what transformers keeps fp32 (:func:`fp32_names`); non-persistent
+    buffers (rotary ``inv_freq``, computed in fp32 at init) keep their dtype. A plain ``.to(bf16)``
+    casts DeepSeek-V3's router and the rotary frequencies to bf16: not the model transformers loads."""
+    keep = fp32_names(model, dtype)
+    for mod_name, mod in model.named_modules():
+        prefix = mod_name + "." if mod_name else ""
+        for attr, t in list(mod.named_parameters(recurse=False)):
+            if t.is_floating_point() and prefix + attr not in keep:
+                t.data = t.data.to(dtype)
+        for attr, t in list(mod.named_buffers(recurse=False)):
+            if t is not None and t.is_floating_point() and prefix + attr not in keep \
+                    and attr not in mod._non_persistent_buffers_set:
+                setattr(mod, attr, t.to(dtype))  # a registered buffer: assignment keeps it registered
+    return model
+
+
 def to_dense(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     """Replace (in place) every int4 module with ``nn.Linear`` on its dequantized weight (in
     ``dtype``; MoE experts: :class:`DenseMoEExperts`): the dense model computing the same function,

@@ -69,12 +69,13 @@ def _dense_model(path: str, dtype):
 
 
 def _dequantized_copy(model, dtype):
-    """Dense copy of a converted model: every int4 module -> nn.Linear on the dequantized weight."""
+    """Dense copy of a converted model: every int4 module -> nn.Linear on the dequantized weight, the
+    rest cast to ``dtype`` except what transformers keeps fp32 at load (DeepSeek/GLM routers)."""
     import copy
 
-    from .baselines import to_dense
+    from .baselines import cast_like_loading, to_dense
 
-    return to_dense(copy.deepcopy(model), dtype).to(dtype)
+    return cast_like_loading(to_dense(copy.deepcopy(model), dtype), dtype)
 
 
 def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
@@ -393,7 +394,7 @@ def tune_main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m awq_inductor tune", description=tune_main.__doc__)
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--model", metavar="DIR", help="a checkpoint folder (its config.json: Llama-style shapes)")
+    src.add_argument("--model", metavar="DIR", help="a checkpoint folder (its config.json: every int4 shape the loaded model runs, MLA and MoE included)")
     src.add_argument("--shapes", metavar="KxN,...", help="linear shapes, e.g. 4096x4096,4096x11008")
     p.add_argument("--group-size", type=int, default=128, help="G for --shapes (default 128)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

@@ -19,7 +19,7 @@ others).
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 #: (fused attribute, parts in output order)
 FUSIONS = (
@@ -54,8 +54,8 @@ TP_ROW = ("o_proj", "down_proj")
 FUSED_EXPERT_NAMES = ("gate_up_proj", "down_proj")
 DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 
-#: config.json keys naming the intermediate sizes of sparse-MoE experts and of a shared expert.
-MOE_INTERMEDIATE_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size")
+#: config.json keys naming the number of routed experts (DeepSeek/GLM, Qwen-MoE/OLMoE, Mixtral).
+NUM_EXPERTS_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 #: Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): low-rank q / kv projections. Plain
 #: nn.Linear (int4 like any other), but not split by tensor parallelism.
@@ -92,6 +92,77 @@ FAMILIES = (
 )
 _GENERIC = Family(())
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
+
+
+def _req(cfg: dict, *keys: str) -> List[int]:
+    try:
+        return [int(cfg[k]) for k in keys]
+    except KeyError as e:
+        raise ValueError(f"config.json: expected {', '.join(keys)}, missing {e}") from None
+
+
+def _attention_gemms(cfg: dict) -> List[Tuple[str, int, int]]:
+    """The attention's int4 GEMMs after the model pass's fusions (:data:`FUSIONS`)."""
+    h, hq = _req(cfg, "hidden_size", "num_attention_heads")
+    if cfg.get("kv_lora_rank"):  # MLA (DeepSeek-V2/V3, Kimi-K2): modeling_deepseek_v3's projections
+        rope, nope, v, kv_lora = _req(cfg, "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank")
+        q_out = hq * (nope + rope)
+        q_lora = int(cfg.get("q_lora_rank") or 0)
+        # q_a_proj [H -> q_lora] and kv_a_proj_with_mqa [H -> kv_lora + rope] fuse into q_kv_a_proj;
+        # without a q LoRA, q_proj [H -> q_out] stays apart (FUSIONS needs q_a_proj)
+        first = ([("linear", h, q_lora + kv_lora + rope), ("linear", q_lora, q_out)] if q_lora
+                 else [("linear", h, q_out), ("linear", h, kv_lora + rope)])
+        return first + [("linear", kv_lora, hq * (nope + v)), ("linear", hq * v, h)]
+    hkv = int(cfg.get("num_key_value_heads") or hq)
+    d = int(cfg.get("head_dim") or h // hq)
+    return [("linear", h, (hq + 2 * hkv) * d), ("linear", hq * d, h)]
+
+
+def _sparse_layers(cfg: dict, n_layers: Optional[int]) -> Tuple[bool, bool]:
+    """(some layer has a dense MLP, some layer has sparse experts), by the rules of the modeling
+    files: DeepSeek/GLM ``first_k_dense_replace`` (and DeepSeek-V2's ``moe_layer_freq``), Qwen-MoE
+    ``mlp_only_layers`` / ``decoder_sparse_step``; Mixtral / OLMoE: every layer sparse. Without
+    ``num_hidden_layers`` the model is taken as deep enough for every kind its rules allow."""
+    if not any(cfg.get(k) for k in NUM_EXPERTS_KEYS + ("moe_intermediate_size",)):
+        return True, False
+    layers = range(n_layers) if n_layers is not None else None
+    if "first_k_dense_replace" in cfg:
+        k, freq = int(cfg["first_k_dense_replace"] or 0), int(cfg.get("moe_layer_freq") or 1)
+        def sparse(i): return i >= k and i % freq == 0
+        deep = k + freq
+    elif "decoder_sparse_step" in cfg or "mlp_only_layers" in cfg:
+        only, step = set(cfg.get("mlp_only_layers") or ()), int(cfg.get("decoder_sparse_step") or 1)
+        def sparse(i): return i not in only and (i + 1) % step == 0
+        deep = max(only | {0}) + 2 * step
+    else:
+        return False, True
+    kinds = {sparse(i) for i in (layers if layers is not None else range(deep))}
+    return False in kinds, True in kinds
+
+
+def int4_gemms(cfg: dict) -> List[Tuple[str, int, int]]:
+    """Every int4 GEMM a decoder described by ``config.json`` runs once loaded, as (kind, K, N):
+    ``linear`` (K -> N) or ``mlp`` (K = hidden, N = intermediate: a SiLU-gated MLP, i.e. the fused
+    gate|up + SiLU GEMM H -> I and the down GEMM I -> H; sparse experts run the same two shapes).
+    Attention (Llama-style fused q|k|v or MLA), the dense MLP layers (``intermediate_size``), the
+    routed experts (``moe_intermediate_size``, else ``intermediate_size``) and a shared expert
+    (Qwen2-MoE's ``shared_expert_intermediate_size``, DeepSeek/GLM's ``n_shared_experts`` x
+    ``moe_intermediate_size``); the routers stay float. Repeats are dropped, order kept."""
+    (h,) = _req(cfg, "hidden_size")
+    n_layers = int(cfg["num_hidden_layers"]) if cfg.get("num_hidden_layers") else None
+    dense, sparse = _sparse_layers(cfg, n_layers)
+    moe_inter = int(cfg.get("moe_intermediate_size") or 0)
+    out = _attention_gemms(cfg)
+    if dense or not moe_inter:  # the dense layers, or experts sized by intermediate_size
+        out.append(("mlp", h, _req(cfg, "intermediate_size")[0]))
+    if sparse and moe_inter:
+        out.append(("mlp", h, moe_inter))
+    if sparse:
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0) or \
+            int(cfg.get("n_shared_experts") or 0) * moe_inter
+        if shared:
+            out.append(("mlp", h, shared))
+    return list(dict.fromkeys(out))
 
 
 def family(model_type: Optional[str]) -> Family:

@@ -4,9 +4,9 @@
     python benchmarks/bench_decode.py --shapes 4096x11008 --m 1,8 --reps 30
     python benchmarks/bench_decode.py --smoke             # seconds-long harness check
 
-The probe streams a 1 GiB buffer (far larger than any L3 here) with our own tiny AVX512 C++
-reduction, all threads, built with the package's toolchain (:func:`awq_inductor.kernels.native.build`);
-the best of several passes is the machine's read bandwidth. ``torch.sum`` over the same buffer is
+The probe (``benchmarks/bw_probe.py``) streams a 1 GiB buffer (far larger than any L3 here) with
+our own AVX512 C++ read, exactly ``--threads`` threads, built with the package's toolchain; the best
+of several passes is the machine's read bandwidth. ``torch.sum`` over the same buffer is
 printed beside it as a cross-check.
 
 Each layer is timed cold: ``copies`` independent copies of its weights, together at least
@@ -25,83 +25,41 @@ method in the same interleaved reps, so a machine shared with other jobs loads b
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import statistics
 import sys
 import time
-import types
 
 import torch
 
-import awq_inductor
-from awq_inductor import AWQLinear
-from awq_inductor.baselines import Int4PackLinear
-from awq_inductor.kernels import native
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bw_probe, when loaded by path (tests)
+import bw_probe  # noqa: E402
+import awq_inductor  # noqa: E402
+from awq_inductor import AWQLinear  # noqa: E402
+from awq_inductor.baselines import Int4PackLinear  # noqa: E402
 
 LLAMA7B = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]
-
-_PROBE_SRC = r"""
-#include <immintrin.h>
-#include <cstdint>
-#include <omp.h>
-// Sum of 64-bit words over n bytes (n % 1024 == 0): each thread takes a contiguous share and reads
-// it as 4 concurrent sequential streams (its 4 quarters, one 64-byte line each per step, four
-// independent AVX512 accumulators); a pure streaming read, nothing written. (One stream per thread
-// measured 10-20% below the decode kernel's two panel streams on one core.)
-extern "C" uint64_t awq_probe_read(const uint8_t* p, int64_t n, int threads) {
-  uint64_t total = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-  {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t lines = n / 64 / 4 * 4;
-    const int64_t l0 = lines * t / nt / 4 * 4, l1 = lines * (t + 1) / nt / 4 * 4;
-    const int64_t q = (l1 - l0) / 4;
-    const __m512i* s = (const __m512i*)p + l0;
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = 0; i < q; ++i) {
-      a0 = _mm512_add_epi64(a0, _mm512_load_si512(s + i));
-      a1 = _mm512_add_epi64(a1, _mm512_load_si512(s + q + i));
-      a2 = _mm512_add_epi64(a2, _mm512_load_si512(s + 2 * q + i));
-      a3 = _mm512_add_epi64(a3, _mm512_load_si512(s + 3 * q + i));
-    }
-    total += _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
-  }
-  return total;
-}
-"""
-
-
-def _probe_fn():
-    so = native.build(_PROBE_SRC, ["-mavx512f", "-mavx512bw"], name="awq_bw_probe", isa="avx512")
-    lib = ctypes.CDLL(so)
-    lib.awq_probe_read.restype = ctypes.c_uint64
-    lib.awq_probe_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-    return lib.awq_probe_read
 
 
 def probe_calls(threads: int, nbytes: int, copies: int = 1):
     """Callables streaming ``nbytes`` (far larger than the L3: cold by itself): the probe as a "method"
     interleaved with the kernels, so its median sees the same machine load as theirs."""
-    fn = _probe_fn()
-    bufs = [torch.ones(nbytes // 8, dtype=torch.int64) for _ in range(copies)]
-    return [lambda x, b=b: fn(b.data_ptr(), nbytes, threads) for b in bufs], nbytes
+    return bw_probe.stream_calls(threads, nbytes, copies)
 
 
 def read_bandwidth(threads: int, nbytes: int = 1 << 30, reps: int = 7) -> dict:
-    """Best-of-``reps`` GB/s of our streaming read over ``nbytes`` and of ``torch.sum`` (int64 view)."""
-    lib = types.SimpleNamespace(awq_probe_read=_probe_fn())
+    """Best-of-``reps`` GB/s of our streaming read (bw_probe) over ``nbytes`` and, as a cross-check,
+    of ``torch.sum`` over an int64 buffer of the same size."""
     buf = torch.ones(nbytes // 8, dtype=torch.int64)  # touched: pages are mapped before timing
-    ours, tsum = [], []
+    tsum = []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        lib.awq_probe_read(buf.data_ptr(), nbytes, threads)
-        ours.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         buf.sum()
         tsum.append(time.perf_counter() - t0)
-    return {"bytes": nbytes, "probe_gbs": nbytes / min(ours) / 1e9, "torch_sum_gbs": nbytes / min(tsum) / 1e9}
+    del buf
+    return {"bytes": nbytes, "probe_gbs": bw_probe.read_gbps(threads, nbytes, reps),
+            "torch_sum_gbs": nbytes / min(tsum) / 1e9}
 
 
 def make_layer(K, N, G, seed):

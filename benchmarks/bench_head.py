@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from awq_inductor import tiny_model
 from awq_inductor.ops import head_bf16 as bf16_head, head_int8 as int8_head
 from awq_inductor.nn.head import Int8HeadLinear
-from bench_decode import probe_calls, read_bandwidth  # noqa: E402  (benchmarks/ is sys.path[0])
+from bench_decode import probe_calls, read_bandwidth  # noqa: E402  (benchmarks/ is sys.path[0]; probe: bw_probe)
 
 
 def time_heads(N, K, ms, reps, threads):

@@ -12,8 +12,9 @@ G=128, random weights), ours vs transformers' own bf16 MoE on the dequantized we
 
 op: ``awq::int4_moe`` / ``int4_moe_a8`` eager calls with fresh routing every call (the 128 experts,
 ~300 MB of int4, do not fit in cache; a call reads top-8 experts), methods and thread counts
-(``--op-threads``) interleaved round-robin, medians; bandwidth = bytes of the selected experts' packed weights / time, next to the read
-bandwidth of one pass over a 1 GiB tensor measured in the same process.
+(``--op-threads``) interleaved round-robin, medians; bandwidth = bytes of the selected experts' packed weights / time, and its
+share of the read bandwidth: the best pass of benchmarks/bw_probe.py (256 MiB, the same thread count) run in the
+same interleaved reps.
 e2e: ``bench`` of ``python -m awq_inductor`` (warm-up generate, then medians of prefill and full
 generate): ours compiled and eager, W4A16 and W4A8, and the dequantized bf16 model running
 transformers' experts implementation (``config._experts_implementation``). Vocab 32000 (not 151936)
@@ -26,16 +27,22 @@ import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import unittest.mock
 
 import torch
 
-from awq_inductor import config, testing
-from awq_inductor.ops import moe
-from awq_inductor.kernels import plan as kplan
-from awq_inductor.schemes import MOE_OPS
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bw_probe, when loaded by path (tests)
+import bw_probe  # noqa: E402
+from awq_inductor import config, testing  # noqa: E402
+from awq_inductor.ops import moe  # noqa: E402
+from awq_inductor.kernels import plan as kplan  # noqa: E402
+from awq_inductor.schemes import MOE_OPS  # noqa: E402
+
+#: bytes of one probe pass in the op part's interleaved reps: 8x a 32 MiB L3, cold by itself
+PROBE_BYTES = 256 << 20
 
 
 def experts_bytes(mop, H, I, G, k):
@@ -48,17 +55,6 @@ def experts_bytes(mop, H, I, G, k):
     return k * per
 
 
-def read_bandwidth(reps=5):
-    t = torch.ones(2 ** 30 // 4, dtype=torch.float32)
-    t.sum()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        t.sum()
-        ts.append(time.perf_counter() - t0)
-    return t.numel() * 4 / statistics.median(ts) / 1e9
-
-
 def bench_op(a):
     E, H, I, G, k = a.experts, a.hidden, a.moe_inter, a.group_size, a.topk
     g = torch.Generator().manual_seed(0)
@@ -66,16 +62,21 @@ def bench_op(a):
     dn = [testing.quantize_weight(torch.randn(H, I, generator=g) * 0.05, G) for _ in range(E)]
     W = {name: moe.pack_experts(mop, gu, dn, G, I) for name, mop in MOE_OPS.items()}
     del gu, dn
-    res = {"read_GBps": read_bandwidth()}
-    print(f"read bandwidth (sum over 1 GiB fp32): {res['read_GBps']:.1f} GB/s", flush=True)
+    res = {"read_GBps": {}}
+    probes = {nt: bw_probe.stream_calls(nt, a.probe_bytes) for nt in a.op_threads}
     for M in a.m:
         x = torch.randn(M, H).bfloat16()
         routes = [torch.softmax(torch.randn(M, E, generator=g), -1).topk(k, -1) for _ in range(64)]
         runs = [(name, nt, pl) for name in MOE_OPS for nt in a.op_threads for pl in a.plans]
         times = {r: [] for r in runs}
         nsel = {r: [] for r in runs}
+        ptimes = {nt: [] for nt in a.op_threads}
         i = 0
         for rep in range(a.reps):
+            for nt, ((probe,), _) in probes.items():  # the probe in the same reps, same thread count
+                t0 = time.perf_counter()
+                probe()
+                ptimes[nt].append(time.perf_counter() - t0)
             for name, nt, pl in runs:
                 tw, ids = routes[i % len(routes)]
                 i += 1
@@ -84,14 +85,21 @@ def bench_op(a):
                     MOE_OPS[name].torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
                     times[(name, nt, pl)].append(time.perf_counter() - t0)
                 nsel[(name, nt, pl)].append(len(set(ids.flatten().tolist())))
+        # the probe's best pass is the machine's read limit at nt threads, what the share is of
+        bw = {nt: probes[nt][1] / min(ptimes[nt]) / 1e9 for nt in a.op_threads}
+        for nt in a.op_threads:
+            res["read_GBps"][f"M={M} threads={nt}"] = bw[nt]
+            print(f"  read bandwidth (bw_probe, {nt} threads, {probes[nt][1] >> 20} MiB, best of {a.reps}, "
+                  f"interleaved): {bw[nt]:.1f} GB/s", flush=True)
         for name, nt, pl in runs:
             t = statistics.median(times[(name, nt, pl)][2:])
             ne = statistics.mean(nsel[(name, nt, pl)])
             gbps = experts_bytes(MOE_OPS[name], H, I, G, ne) / t / 1e9
             tag = "" if a.plans == ["tuned"] else f" plan={pl}"
-            res[f"{name} M={M} threads={nt}{tag}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne}
+            res[f"{name} M={M} threads={nt}{tag}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne,
+                                                      "probe_GBps": bw[nt], "share": gbps / bw[nt]}
             print(f"  {name:<12} M={M:<4} threads {nt} {pl:<9} {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} "
-                  f"selected experts ({gbps / res['read_GBps'] * 100:.0f}% of read bandwidth)", flush=True)
+                  f"selected experts ({gbps / bw[nt] * 100:.0f}% of the {nt}-thread read bandwidth)", flush=True)
         if "constants" in a.plans and "tuned" in a.plans:
             for name in MOE_OPS:
                 for nt in a.op_threads:
@@ -236,6 +244,7 @@ def main(argv=None):
     # "bf16" must be passed on: patch_transformers(lm_head=None) means "leave the head as loaded"
     # (F.linear), which every e2e figure of this script measured before this default was fixed
     p.add_argument("--lm-head", default="bf16", choices=["bf16", "int8"], help="e2e: our models' lm_head")
+    p.add_argument("--probe-bytes", type=int, default=PROBE_BYTES, help="op part: bytes of one bw_probe pass")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))
     a = p.parse_args(argv)
@@ -243,6 +252,7 @@ def main(argv=None):
         a.hidden, a.experts, a.topk, a.moe_inter, a.layers = MODELS[a.model]
     if a.smoke:
         a.hidden, a.experts, a.moe_inter, a.vocab, a.prompt_len, a.new_tokens, a.reps = 256, 16, 128, 512, 32, 4, 6
+        a.probe_bytes = 4 << 20
         a.out = None
     torch.set_num_threads(a.threads)
     import subprocess

@@ -57,11 +57,41 @@ def test_backend_config_patches():
     from awq_inductor.inductor.backend import backend_config_patches
 
     p = backend_config_patches({"cpp.threads": 3})
-    assert p["freezing"] is False and p["cpp.threads"] == 3
+    assert p["freezing"] is False and p["cpp.threads"] == 3 and p["cpp.min_chunk_size"] == 32768
+    assert backend_config_patches({"cpp.min_chunk_size": 512})["cpp.min_chunk_size"] == 512  # options win
     assert type(p["post_grad_custom_post_pass"]).__name__ == "AwqCachePass"
     other = lowering.cache_pass()
     p2 = backend_config_patches({"post_grad_custom_post_pass": [object()]})
     assert len(p2["post_grad_custom_post_pass"]) == 2 and other.uuid() == lowering.cache_uuid()
+
+
+def test_one_row_pointwise_kernels_stay_serial():
+    """A decode step's RMSNorm + residual on one 7168-wide row compiles without an OpenMP region
+    (on a shared 2-core machine each region waited for a descheduled thread: backend.MIN_CHUNK_ELEMENTS);
+    the same kernel on 64 rows (prefill) keeps one."""
+    from torch._inductor.utils import run_and_get_code
+
+    def f(x, r, w):
+        h = x.float() + r.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).to(torch.bfloat16)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        w = torch.randn(7168).bfloat16()
+        codes = {}
+        for rows in (1, 64):
+            torch._dynamo.reset()
+            x, r = torch.randn(rows, 7168).bfloat16(), torch.randn(rows, 7168).bfloat16()
+            cf = torch.compile(f, backend="awq_inductor", dynamic=False)
+            out, code = run_and_get_code(cf, x, r, w)
+            torch.testing.assert_close(out.float(), f(x, r, w).float(), atol=2e-2, rtol=2e-2)
+            codes[rows] = "\n".join(code)
+    finally:
+        torch.set_num_threads(before)
+        torch._dynamo.reset()
+    assert "cpp_fused" in codes[1] and "#pragma omp parallel" not in codes[1]
+    assert "#pragma omp parallel" in codes[64]
 
 
 def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):

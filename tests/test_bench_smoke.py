@@ -1,7 +1,10 @@
 """A seconds-long run of the benchmark harness (the benchmarks themselves are not tests)."""
 import importlib.util
 import json
+import math
 import os
+
+import pytest
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_linear.py")
 
@@ -26,10 +29,11 @@ def test_bench_moe_op_smoke():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = mod.main(["--smoke", "--part", "op", "--threads", "1", "--op-threads", "1"])
-    assert out["op"]["read_GBps"] > 0
+    assert out["op"]["read_GBps"]["M=1 threads=1"] > 0
     for name in ("int4_moe", "int4_moe_a8"):
         r = out["op"][f"{name} M=1 threads=1"]
         assert r["ms"] > 0 and r["experts"] == 8
+        assert r["share"] == r["GBps"] / r["probe_GBps"] and r["probe_GBps"] == out["op"]["read_GBps"]["M=1 threads=1"]
 
 
 def test_bench_moe_op_plans_smoke():
@@ -71,3 +75,31 @@ def test_bench_decode_smoke(tmp_path):
     for r in rows:
         assert r["ours_ms"] > 0 and r["aten_ms"] > 0 and 0 < r["ours_share"] and r["copies"] >= 2
     assert "| ours share |" in open(tmp_path / "bench_decode_smoke.md").read()
+
+
+def _bw_probe():
+    spec = importlib.util.spec_from_file_location("bw_probe", os.path.join(os.path.dirname(BENCH), "bw_probe.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bw_probe_one_thread_small_buffer():
+    """One thread, 8 MiB: a positive finite GB/s (the pass's sum, checked inside, read every line)."""
+    bw = _bw_probe()
+    for streams in (1, 2, 4):
+        gbps = bw.read_gbps(1, nbytes=8 << 20, repeats=2, streams=streams)
+        assert math.isfinite(gbps) and gbps > 0, (streams, gbps)
+    assert bw.probe_isa() in ("avx512", "portable")
+
+
+def test_bw_probe_portable_loop_two_threads():
+    """The fallback for CPUs without AVX512 (built here with no ISA flags) reads every line too."""
+    gbps = _bw_probe().read_gbps(2, nbytes=4 << 20, repeats=1, isa="portable")
+    assert math.isfinite(gbps) and gbps > 0
+
+
+def test_bw_probe_rejects_a_buffer_below_one_step():
+    bw = _bw_probe()
+    with pytest.raises(ValueError, match="below one step"):
+        bw.read_gbps(2, nbytes=1024)

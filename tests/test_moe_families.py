@@ -307,3 +307,30 @@ def test_kimi_k2_expert_counts_and_group_size():
                 want[t] += w[t, j] * (wdn @ (torch.nn.functional.silu(h[:I]) * h[I:]))
         with torch.no_grad():
             torch.testing.assert_close(ex(x, ids, w), want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "glm4_moe", "olmoe"])
+def test_dense_baseline_keeps_transformers_fp32_tensors(tmp_path, arch):
+    """The bf16 baseline of the report (cli._dequantized_copy) has, for every tensor name it shares
+    with the float model as transformers loads it in bf16, that model's dtype: DeepSeek/GLM routers
+    (``gate.weight``, ``e_score_correction_bias``: ``_keep_in_fp32_modules_strict``) stay fp32."""
+    from awq_inductor import cli
+
+    float_model = testing.build_float_model(testing.tiny_config(arch))
+    float_model.save_pretrained(str(tmp_path / "float"))
+    want = {n: t.dtype for n, t in _tensors(_load(str(tmp_path / "float"), dtype=torch.bfloat16))}
+    testing.save_quantized(float_model, str(tmp_path / "q"), format="gemm", group_size=32)
+    dense = cli._dequantized_copy(_load(str(tmp_path / "q"), dtype=torch.bfloat16), torch.bfloat16)
+    have = dict((n, t.dtype) for n, t in _tensors(dense))
+    common = sorted(set(want) & set(have))
+    assert len(common) > 10, common
+    wrong = {n: (want[n], have[n]) for n in common if want[n] != have[n]}
+    assert not wrong, f"(transformers' dtype, the baseline's dtype) differ: {wrong}"
+    router = {n.split(".")[-1]: want[n] for n in common if ".mlp.gate." in n}
+    assert router == ({"weight": torch.float32, "e_score_correction_bias": torch.float32} if arch != "olmoe"
+                      else {"weight": torch.bfloat16}), router
+    assert have["model.embed_tokens.weight"] == torch.bfloat16
+
+
+def _tensors(model):
+    return [(n, t) for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_floating_point()]

@@ -178,12 +178,13 @@ def test_model_shapes_of_llama7b():
 
 def test_model_shapes_of_qwen3_moe_include_the_experts_plans():
     """The shapes moe.expert_plans looks up (gate|up K=H, N=2I; down K=I, N=H) are listed, so
-    ``tune --model`` fills the experts' plans too."""
-    from awq_inductor.ops import moe, oracles
+    ``tune --model`` fills the experts' plans too; the dense MLP's only when a layer is dense."""
+    from awq_inductor.ops import moe
     from awq_inductor.schemes import MOE_OPS
 
     cfg = {"hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_attention_heads": 32,
-           "num_key_value_heads": 4, "head_dim": 128, "quantization_config": {"group_size": 128}}
+           "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "decoder_sparse_step": 1,
+           "mlp_only_layers": [], "num_hidden_layers": 48, "quantization_config": {"group_size": 128}}
     got = {(s.op.name, s.K, s.out_features, s.G) for s in tuning_cache.model_shapes(cfg)}
     mop = MOE_OPS["int4_moe"]
     looked_up = []
@@ -194,7 +195,45 @@ def test_model_shapes_of_qwen3_moe_include_the_experts_plans():
     finally:
         tuning_cache.plan_for = orig
     assert looked_up and set(looked_up) <= got, (looked_up, got)
-    assert ("int4_mm_silu_mul", 2048, 6144, 128) in got  # the dense MLP layers' shape stays
+    # Qwen3-30B-A3B: every layer sparse, intermediate_size 6144 runs nowhere
+    assert ("int4_mm_silu_mul", 2048, 6144, 128) not in got
+    dense0 = {(s.op.name, s.K, s.out_features) for s in tuning_cache.model_shapes({**cfg, "mlp_only_layers": [0]})}
+    assert ("int4_mm_silu_mul", 2048, 6144) in dense0 and ("int4_mm", 6144, 2048) in dense0
+
+
+#: tiny configs whose sizes all differ (so a shape derived from the wrong key cannot match by luck)
+_SHAPE_CASES = {
+    "deepseek_v3": dict(intermediate_size=192, q_lora_rank=96, kv_lora_rank=64, qk_rope_head_dim=16,
+                        qk_nope_head_dim=32, v_head_dim=24, n_shared_experts=2, moe_intermediate_size=32),
+    "deepseek_v3_no_q_lora": dict(intermediate_size=192, q_lora_rank=None, kv_lora_rank=64, qk_rope_head_dim=16,
+                                  qk_nope_head_dim=32, v_head_dim=24, n_shared_experts=1, moe_intermediate_size=32),
+    "glm4_moe": dict(intermediate_size=192, n_shared_experts=2, moe_intermediate_size=32, head_dim=24),
+    "olmoe": dict(intermediate_size=96),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SHAPE_CASES))
+def test_model_shapes_equal_the_loaded_models_int4_modules(tmp_path, case):
+    """``model_shapes(config.json)`` (``tune --model``) lists exactly the shapes the loaded model's
+    int4 modules run (``op_shapes``, what tune-at-load measures): MLA, dense layers, experts, shared experts."""
+    import json
+
+    import transformers
+
+    from awq_inductor import testing
+    from awq_inductor.integrations.transformers import patch_transformers
+    from awq_inductor.transform.model_pass import op_shapes
+
+    arch = case.replace("_no_q_lora", "")
+    patch_transformers()
+    model = testing.build_float_model(testing.tiny_config(arch, **_SHAPE_CASES[case]))
+    testing.save_quantized(model, str(tmp_path), format="gemm", group_size=16)
+    with open(tmp_path / "config.json") as f:
+        cfg = json.load(f)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
+    have = {(s.op.name, s.K, s.out_features, s.G) for s in op_shapes(loaded)}
+    want = {(s.op.name, s.K, s.out_features, s.G) for s in tuning_cache.model_shapes(cfg)}
+    assert have and want == have, f"config.json lists extra {sorted(want - have)}, misses {sorted(have - want)}"
 
 
 def test_tune_cli_measures_real_kernels(tune_dir, capsys):

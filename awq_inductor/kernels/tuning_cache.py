@@ -22,7 +22,7 @@ import torch
 
 from .. import config
 from ..schemes import Op
-from ..families import MOE_INTERMEDIATE_KEYS
+from .. import families
 from ..schemes import GATE_UP_SILU, LINEAR, op_for
 from . import cache_key, native, tuner
 from .plan import NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
@@ -183,32 +183,15 @@ def _config_group_size(qc: Optional[dict]) -> int:
 
 
 def model_shapes(config_json: dict, act_quant: Optional[str] = None) -> List[Shape]:
-    """The distinct int4 op shapes of a Llama-style decoder (fused qkv, o, gate|up + SiLU, down; the
-    experts' gate|up and down of a Qwen-MoE, whose ``moe_intermediate_size`` and
-    ``shared_expert_intermediate_size`` name them; Mixtral's experts have ``intermediate_size``)
-    from its ``config.json``; G from its ``quantization_config`` (-1: K)."""
-    try:
-        h, inter = int(config_json["hidden_size"]), int(config_json["intermediate_size"])
-        hq = int(config_json["num_attention_heads"])
-    except KeyError as e:
-        raise ValueError(f"config.json: expected hidden_size, intermediate_size and num_attention_heads, "
-                         f"missing {e}") from None
-    hkv = int(config_json.get("num_key_value_heads") or hq)
-    d = int(config_json.get("head_dim") or h // hq)
+    """The distinct int4 op shapes a decoder described by ``config.json`` runs once loaded
+    (:func:`awq_inductor.families.int4_gemms`: attention, dense MLP, routed and shared experts);
+    G from its ``quantization_config`` (-1: K)."""
     g = _config_group_size(config_json.get("quantization_config"))
     lin, gu = op_for(act_quant, LINEAR), op_for(act_quant, GATE_UP_SILU)
-    dims = [(lin, h, (hq + 2 * hkv) * d), (lin, hq * d, h), (gu, h, inter), (lin, inter, h)]
-    # sparse-MoE experts (moe.expert_plans looks up these two dense-op shapes) and a shared expert
-    for key in MOE_INTERMEDIATE_KEYS:
-        if config_json.get(key):
-            dims += [(gu, h, int(config_json[key])), (lin, int(config_json[key]), h)]
-    out, seen = [], set()
-    for op, K, n in dims:
-        s = Shape(op, K, n, K if g == -1 else g)
-        if (op.name, K, n, s.G) not in seen:
-            seen.add((op.name, K, n, s.G))
-            out.append(s)
-    return out
+    dims = []
+    for kind, K, n in families.int4_gemms(config_json):
+        dims += [(lin, K, n)] if kind == "linear" else [(gu, K, n), (lin, n, K)]
+    return list(dict.fromkeys(Shape(op, K, n, K if g == -1 else g) for op, K, n in dims))
 
 
 def parse_shapes(text: str, G: int, act_quant: Optional[str] = None) -> List[Shape]:
