@@ -104,8 +104,8 @@ def test_convert_int8_head_tied_embedding():
 
 
 def test_bad_lm_head_choice():
-    with pytest.raises(ValueError, match="lm_head: expected one of"):
-        convert(_tied_model(), lm_head="int4")
+    with pytest.raises(ValueError, match=r"lm_head: expected one of \('bf16', None, 'int8', 'int4'\), got 'int2'"):
+        convert(_tied_model(), lm_head="int2")
     with pytest.raises(ValueError, match="lm_head: expected one of"):
         awq_hf.patch_transformers(lm_head="fp8")
 
