@@ -77,8 +77,10 @@ def _dequantized_copy(model, dtype):
     return to_dense(copy.deepcopy(model), dtype).to(dtype)
 
 
-def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
-    """(prefill tok/s, decode tok/s, generated ids). A full warm-up ``generate`` first (for the
+def bench(model, ids, new_tokens: int, label: str, repeats: int = 5, attention_mask=None):
+    """(prefill tok/s, decode tok/s, generated ids); decode tok/s counts every row of ``ids``
+    (aggregate over the batch), prefill the prompt tokens ``ids.numel()`` including any padding
+    (``attention_mask``: passed to ``generate``, e.g. left-padded batches). A full warm-up ``generate`` first (for the
     compiled model it compiles the prefill and decode graphs, including dynamic-shape recompiles).
     Then ``repeats`` pairs of ``generate(max_new_tokens=1)`` and the full ``generate``, run back to
     back: prefill = median time of the first; decode = median over pairs of (full - first) over the
@@ -89,7 +91,7 @@ def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
 
     import torch
 
-    kw = dict(do_sample=False, pad_token_id=0)
+    kw = dict(do_sample=False, pad_token_id=0, attention_mask=attention_mask)
 
     def timed(n):
         t0 = time.perf_counter()
