@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from awq_inductor import convert, packing
-from awq_inductor.nn.head import INT4_HEAD_GROUP_SIZE, Int4HeadLinear, Int8HeadLinear
+from awq_inductor import convert
+from awq_inductor.nn.head import INT4_HEAD_GROUP_SIZE, Int4HeadLinear
 
 transformers = pytest.importorskip("transformers")
 
