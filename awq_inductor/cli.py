@@ -78,8 +78,10 @@ def _dequantized_copy(model, dtype):
     return cast_like_loading(to_dense(copy.deepcopy(model), dtype), dtype)
 
 
-def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
-    """(prefill tok/s, decode tok/s, generated ids). A full warm-up ``generate`` first (for the
+def bench(model, ids, new_tokens: int, label: str, repeats: int = 5, attention_mask=None):
+    """(prefill tok/s, decode tok/s, generated ids); decode tok/s counts every row of ``ids``
+    (aggregate over the batch), prefill the prompt tokens ``ids.numel()`` including any padding
+    (``attention_mask``: passed to ``generate``, e.g. left-padded batches). A full warm-up ``generate`` first (for the
     compiled model it compiles the prefill and decode graphs, including dynamic-shape recompiles).
     Then ``repeats`` pairs of ``generate(max_new_tokens=1)`` and the full ``generate``, run back to
     back: prefill = median time of the first; decode = median over pairs of (full - first) over the
@@ -90,7 +92,7 @@ def bench(model, ids, new_tokens: int, label: str, repeats: int = 5):
 
     import torch
 
-    kw = dict(do_sample=False, pad_token_id=0)
+    kw = dict(do_sample=False, pad_token_id=0, attention_mask=attention_mask)
 
     def timed(n):
         t0 = time.perf_counter()
@@ -194,9 +196,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-int4pack", action="store_true",
                    help="skip the gptqmodel-style baseline (aten._weight_int4pack_mm_for_cpu, zeros (8 - z) * s)")
     p.add_argument("--no-eager", action="store_true", help="skip our eager path")
-    p.add_argument("--lm-head", choices=["bf16", "int8"], default="bf16",
+    p.add_argument("--lm-head", choices=["bf16", "int8", "int4"], default="bf16",
                    help="bf16 (default): a bf16 head runs our AVX512-BF16 GEMV at decode; int8 (opt-in): "
-                        "quantize the lm_head per output channel to int8 at load time")
+                        "quantize the lm_head per output channel to int8 at load time; int4 (opt-in): "
+                        "quantize it per group to int4 at load time (our W4A16 op)")
     p.add_argument("--group-size", type=int, default=128, help="group size of the default model (default 128)")
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "awq_inductor", "models"),
                    help="where the default model is cached (default ~/.cache/awq_inductor/models)")
@@ -364,8 +367,8 @@ def main(argv=None) -> int:
         _log(f"tensor parallel: {args.tp} ranks (gloo), rank 0 on cores {tp_info['cores']}, "
              f"{tp_info['threads']} threads per rank")
     path = _model_path(args, tp_info)
-    if tp_info and args.lm_head == "int8":
-        raise SystemExit("--lm-head int8 is not supported with --tp (the tensor-parallel head stays bf16)")
+    if tp_info and args.lm_head in ("int8", "int4"):
+        raise SystemExit(f"--lm-head {args.lm_head} is not supported with --tp (the tensor-parallel head stays bf16)")
     patch_transformers(lm_head=args.lm_head)
     model = _load(args, path, dtype, tp_info)
     tokenizer = _tokenizer(path)

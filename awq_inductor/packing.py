@@ -84,6 +84,23 @@ def unpack_from_kernel(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch
     return _unpack_panels(qweight, 2, n), zeros.t()[:n].contiguous(), scales.t()[:n].contiguous()
 
 
+def quantize_canonical(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype = torch.float16):
+    """Float W [N, K] -> canonical (q uint8 [N, K], zeros uint8 [N, K/G], scales [N, K/G] in
+    ``scales_dtype``) by AutoAWQ's ``pseudo_quantize_tensor`` formula: asymmetric per group along K,
+    s = (max - min) / 15 (at least 1e-5), z = round(-min / s) in [0, 15]. The checkpoints
+    :mod:`awq_inductor.testing` writes and the opt-in int4 ``lm_head`` both use it."""
+    N, K = w.shape
+    if K % group_size:
+        raise ValueError(f"group_size: expected a divisor of K={K}, got {group_size}")
+    G = group_size
+    wg = w.detach().to(torch.float32).reshape(N, K // G, G)
+    mx, mn = wg.amax(-1), wg.amin(-1)
+    s = ((mx - mn).clamp(min=1e-5) / 15).to(scales_dtype).to(torch.float32)
+    z = torch.clamp(-torch.round(mn / s), 0, 15)
+    q = torch.clamp(torch.round(wg / s[..., None]) + z[..., None], 0, 15)
+    return q.reshape(N, K).to(torch.uint8), z.to(torch.uint8), s.to(scales_dtype)
+
+
 def dequantize_canonical(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
     """fp32 W [N, K] = (q - z) * s of a canonical triple (references, baselines and tests)."""
     zk = zeros.to(torch.float32).repeat_interleave(group_size, dim=1)

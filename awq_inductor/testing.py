@@ -31,14 +31,7 @@ def quantize_weight(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype 
                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """AutoAWQ ``pseudo_quantize_tensor`` (asymmetric, per group along K) -> canonical
     (q uint8 [N, K], zeros uint8 [N, K/G], scales [N, K/G] in ``scales_dtype``)."""
-    N, K = w.shape
-    G = formats.resolve_group_size(group_size, K)
-    wg = w.detach().to(torch.float32).reshape(N, K // G, G)
-    mx, mn = wg.amax(-1), wg.amin(-1)
-    s = ((mx - mn).clamp(min=1e-5) / 15).to(scales_dtype).to(torch.float32)
-    z = torch.clamp(-torch.round(mn / s), 0, 15)
-    q = torch.clamp(torch.round(wg / s[..., None]) + z[..., None], 0, 15)
-    return (q.reshape(N, K).to(torch.uint8), z.to(torch.uint8), s.to(scales_dtype))
+    return packing.quantize_canonical(w, formats.resolve_group_size(group_size, w.shape[1]), scales_dtype)
 
 
 def quantize_weight_sym(w: torch.Tensor, group_size: int, scales_dtype: torch.dtype = torch.float16

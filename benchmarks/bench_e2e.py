@@ -11,6 +11,13 @@ zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The e
 reads it with our GEMV at decode (``convert``'s default ``lm_head="bf16"``), the baselines with
 ``F.linear``; ``flinearhead`` is ours compiled with the head on ``F.linear`` (``lm_head=None``);
 ``int8head`` is ours compiled with the opt-in ``convert(model, lm_head="int8")``.
+
+``--batch-sizes 1,2,4,8,16``: batched decode instead, aggregate decode tok/s (every row's tokens)
+per batch size for ``--batch-methods`` (W4A16 and W4A8 ours compiled, int4pack, dense) on
+left-padded prompts (row i padded by min(3 i, prompt_len / 2) tokens, attention mask passed);
+ours compiled through ``compile_for_generate`` (dynamic shapes: one set of graphs for every batch
+size) with Dynamo's caches reset between methods, since the models share ``forward``'s code
+object and with it Dynamo's recompile limit of 8 graphs.
 """
 from __future__ import annotations
 
@@ -22,6 +29,7 @@ import tempfile
 import time
 
 import torch
+import torch._dynamo
 import transformers
 
 from awq_inductor import compile_for_generate, convert, patch_transformers
@@ -41,6 +49,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_e2e.json"))
+    p.add_argument("--batch-sizes", default=None, help="e.g. 1,2,4,8,16: the batched-decode table instead")
+    p.add_argument("--batch-methods", default=",".join(BATCH_METHODS))
+    p.add_argument("--repeats", type=int, default=5, help="timed generate pairs per measurement")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     methods = a.methods.split(",")
@@ -51,6 +62,8 @@ def main(argv=None):
         patch_transformers()
         model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
     print(f"built and loaded the AWQ model in {time.perf_counter() - t0:.1f}s", flush=True)
+    if a.batch_sizes:
+        return batched_main(a, model, ref)
     ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
     res = {}
     for method in [m for m in methods if m in ("compiled", "compiledwhole")]:  # in the order given
@@ -63,7 +76,7 @@ def main(argv=None):
         print(f"  (compile + warm-up {time.perf_counter() - t0:.1f}s)")
     if "int8head" in methods:  # the opt-in int8 lm_head on the same model (a copy; compiled)
         m8 = convert(copy.deepcopy(model), lm_head="int8")
-        m8.forward = torch.compile(m8.forward, backend="awq_inductor")
+        compile_for_generate(m8)  # its own recompile budget (isolated per layer kind)
         res["ours compiled, int8 head"] = bench(m8, ids, a.new_tokens, "ours compiled, int8 lm_head")
         del m8
     if "flinearhead" in methods:  # ours compiled with the head on F.linear (lm_head=None): the GEMV's share
@@ -71,7 +84,7 @@ def main(argv=None):
         head = mf.get_output_embeddings()
         if type(head) is Bf16HeadLinear:
             head.__class__ = torch.nn.Linear
-        mf.forward = torch.compile(mf.forward, backend="awq_inductor")
+        compile_for_generate(mf)
         res["ours compiled, F.linear head"] = bench(mf, ids, a.new_tokens, "ours compiled, F.linear lm_head")
         del mf
     if "eager" in methods:
@@ -95,6 +108,71 @@ def main(argv=None):
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"args": vars(a), "results": {k: v[:2] for k, v in res.items()}}, f, indent=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched decode (--batch-sizes)
+# ---------------------------------------------------------------------------------------------
+def left_padded(batch: int, length: int, vocab: int, seed: int = 0):
+    """([B, T] ids, [B, T] mask): row i left-padded (id 0, mask 0) by min(3 i, T / 2) tokens."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    for i in range(batch):
+        pad = min(3 * i, length // 2)
+        ids[i, :pad], mask[i, :pad] = 0, 0
+    return ids, mask
+
+
+def _ours_compiled(model, act_quant):
+    m = convert(copy.deepcopy(model), act_quant=act_quant)
+    torch._dynamo.reset()  # a fresh recompile budget for this model (see the module doc)
+    return compile_for_generate(m)
+
+
+#: --batch-methods: name -> (model, ref) -> the model to time
+BATCH_METHODS = {
+    "W4A16": lambda model, ref: _ours_compiled(model, None),
+    "W4A8": lambda model, ref: _ours_compiled(model, "int8"),
+    "int4pack": lambda model, ref: to_int4pack(copy.deepcopy(model), torch.bfloat16),
+    "dense": lambda model, ref: ref.to(torch.bfloat16).eval(),
+}
+
+
+def batched_main(a, model, ref):
+    sizes = [int(b) for b in a.batch_sizes.split(",")]
+    names = a.batch_methods.split(",")
+    unknown = [n for n in names if n not in BATCH_METHODS]
+    if unknown:
+        raise SystemExit(f"--batch-methods: unknown {unknown}, expected some of {list(BATCH_METHODS)}")
+    load = os.getloadavg()
+    res = {}
+    for name in names:
+        m = BATCH_METHODS[name](model, ref)
+        for b in sizes:
+            ids, mask = left_padded(b, a.prompt_len, a.vocab, seed=b)
+            pf, dc, _ = bench(m, ids, a.new_tokens, f"{name} batch {b}", repeats=a.repeats, attention_mask=mask)
+            res.setdefault(name, {})[b] = dc
+        del m
+        torch._dynamo.reset()
+    load_after = os.getloadavg()
+    lines = [f"threads={a.threads} layers={a.layers} hidden={a.hidden} inter={a.intermediate} heads={a.heads}/"
+             f"{a.kv_heads} vocab={a.vocab} group={a.group_size} prompt={a.prompt_len} (left-padded) new={a.new_tokens} "
+             f"repeats={a.repeats}; load average before {load[0]:.2f}, after {load_after[0]:.2f}", "",
+             "aggregate decode tok/s (all rows), and its ratio to batch 1 of the same method", "",
+             "| method | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
+    for name, row in res.items():
+        one = row.get(1)
+        cells = [f"{row[b]:.1f}" + (f" ({row[b] / one:.2f}x)" if one else "") for b in sizes]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"args": vars(a), "load_avg": [load, load_after], "aggregate_decode_tok_s": res}, f, indent=1)
+    with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+        f.write(table + "\n")
+    return res
 
 
 if __name__ == "__main__":

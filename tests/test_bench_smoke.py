@@ -103,3 +103,21 @@ def test_bw_probe_rejects_a_buffer_below_one_step():
     bw = _bw_probe()
     with pytest.raises(ValueError, match="below one step"):
         bw.read_gbps(2, nbytes=1024)
+
+
+def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
+    """--batch-sizes: the aggregate decode table per method and batch size (tiny shape)."""
+    bench_dir = os.path.dirname(BENCH)
+    monkeypatch.syspath_prepend(bench_dir)
+    spec = importlib.util.spec_from_file_location("bench_e2e", os.path.join(bench_dir, "bench_e2e.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = str(tmp_path / "batched.json")
+    res = mod.main(["--layers", "1", "--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2",
+                    "--vocab", "256", "--group-size", "32", "--prompt-len", "8", "--new-tokens", "3",
+                    "--threads", "1", "--batch-sizes", "1,2", "--repeats", "1",
+                    "--batch-methods", "W4A16,int4pack,dense", "--out", out])
+    assert set(res) == {"W4A16", "int4pack", "dense"}
+    assert all(set(row) == {1, 2} and min(row.values()) > 0 for row in res.values())
+    assert json.load(open(out))["aggregate_decode_tok_s"]["dense"]["2"] > 0
+    assert "| W4A16 | " in open(str(tmp_path / "batched.md")).read()

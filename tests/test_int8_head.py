@@ -39,6 +39,16 @@ def test_op_matches_reference(dtype, tol, M):
     torch.testing.assert_close(y.float() / scale, ref / scale, rtol=0, atol=tol)
 
 
+@pytest.mark.parametrize("kc", [4, 8])
+def test_one_row_channel_blocking(kc):
+    """Both one-row blockings (KC_ONE_ROW) against the oracle: N = 37 leaves a partial block of
+    channels at the end of each thread's range, K = 200 a masked tail."""
+    _, q, s, _ = _weights(37, 200, seed=7, bias=False)
+    x = torch.randn(1, 200, generator=torch.Generator().manual_seed(8))
+    ref = oracles.int8_linear(x, q, s, None).float()
+    torch.testing.assert_close(int8_head._gemv(x, q, s, kc), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
+
+
 def test_quantization_error_bounds():
     """Elementwise |w - dequant| <= s / 2 (round to nearest, no clipping: s = max|w| / 127), and
     each row's largest logit error within 2% (max over rows) / 1% (mean) of its largest |logit|:
@@ -104,8 +114,8 @@ def test_convert_int8_head_tied_embedding():
 
 
 def test_bad_lm_head_choice():
-    with pytest.raises(ValueError, match="lm_head: expected one of"):
-        convert(_tied_model(), lm_head="int4")
+    with pytest.raises(ValueError, match=r"lm_head: expected one of \('bf16', None, 'int8', 'int4'\), got 'int2'"):
+        convert(_tied_model(), lm_head="int2")
     with pytest.raises(ValueError, match="lm_head: expected one of"):
         awq_hf.patch_transformers(lm_head="fp8")
 

@@ -467,7 +467,8 @@ def patch_transformers(act_quant: Optional[str] = None, lm_head: Optional[str] =
     is packed for: ``None`` (W4A16: bf16/fp16/fp32 activations) or ``"int8"`` (W4A8: activations
     quantized per token to int8 inside the kernel). ``lm_head``: ``"bf16"`` (default: a bf16 head runs
     our GEMV at decode, ``convert``'s default), None (the checkpoint's float head untouched) or
-    ``"int8"`` (quantized per output channel at load time, ``convert(model, lm_head="int8")``).
+    ``"int8"`` (quantized per output channel at load time, ``convert(model, lm_head="int8")``) or
+    ``"int4"`` (quantized per group to int4 at load time, our W4A16 op).
     """
     scheme_for(act_quant)  # validates the choice
     if lm_head not in LM_HEAD_CHOICES:

@@ -386,7 +386,8 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
     :class:`~awq_inductor.nn.head.Bf16HeadLinear`, same parameters), None (the head stays as loaded)
     or "int8" (opt-in: the output projection becomes
     an :class:`~awq_inductor.nn.head.Int8HeadLinear`, per-channel symmetric int8 with fp32 scales,
-    half the bytes per decoded token; a tied input embedding keeps its own float table).
+    half the bytes per decoded token; a tied input embedding keeps its own float table) or "int4"
+    (opt-in: an :class:`~awq_inductor.nn.head.Int4HeadLinear`, grouped int4 on our W4A16 op).
     ``fp32_decode_attention``: a transformers model on ``sdpa`` attention runs one-row (decode)
     bf16/fp16 attention in fp32 (``integrations.attention``: PyTorch's bf16 CPU flash kernel took
     2.0-2.5 ms per decode call where fp32 takes 0.3).

@@ -15,7 +15,7 @@ from torch import nn
 from .. import formats
 from ..formats import source_of
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
-from ..nn.head import Int8HeadLinear
+from ..nn.head import QUANTIZED_HEADS, Int8HeadLinear
 from .moe import experts_state_dict
 
 
@@ -31,11 +31,12 @@ def checkpoint_state_dict(model: nn.Module, default_format: str = "gemm") -> Dic
     original module names (fused modules split again). Used by ``save_pretrained``."""
     sd = model.state_dict()
     for name, mod in model.named_modules():
-        if isinstance(mod, Int8HeadLinear):
-            # its float weight is gone (quantized at load): writing the int8 copy back as
+        if isinstance(mod, QUANTIZED_HEADS):
+            # its float weight is gone (quantized at load): writing the quantized copy back as
             # `<name>.weight` would silently change the model any other loader sees
-            raise ValueError(f"{name}: an int8 lm_head (lm_head='int8') cannot be saved as the checkpoint's float "
-                             f"{name}.weight without loss; save a model loaded with lm_head=None")
+            kind = "int8" if isinstance(mod, Int8HeadLinear) else "int4"
+            raise ValueError(f"{name}: an {kind} lm_head (lm_head={kind!r}) cannot be saved as the checkpoint's "
+                             f"float {name}.weight without loss; save a model loaded with lm_head=None")
         if isinstance(mod, AWQMoEExperts):
             experts_state_dict(name, mod, sd, default_format)
             continue
