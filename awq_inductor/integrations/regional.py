@@ -156,7 +156,9 @@ def compile_regions(model: nn.Module, backend="awq_inductor", dynamic: Optional[
             if getattr(layer.forward, "_awq_regional", False):
                 continue
             kind = layer_kind(layer)
-            step = steps.setdefault(kind, _compiled_step(kwargs))
+            if kind not in steps:
+                steps[kind] = _compiled_step(kwargs)
+            step = steps[kind]
             layer.forward = _regional_forward(layer.forward, step, layer_index(layer, position))
             kinds.setdefault(kind, []).append(position)
     model.forward = _without_duck_shapes(model.forward)
