@@ -116,8 +116,10 @@ def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     res = mod.main(["--layers", "1", "--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2",
                     "--vocab", "256", "--group-size", "32", "--prompt-len", "8", "--new-tokens", "3",
                     "--threads", "1", "--batch-sizes", "1,2", "--repeats", "1",
-                    "--batch-methods", "W4A16,int4pack,dense", "--out", out])
-    assert set(res) == {"W4A16", "int4pack", "dense"}
+                    "--batch-methods", "int4pack,dense", "--out", out])
+    # (the compiled W4A16 / W4A8 rows are left out here: their compile took 2 of this test's 2.3
+    # minutes; tests/test_batched_decode.py runs the compiled batched path)
+    assert set(res) == {"int4pack", "dense"}
     assert all(set(row) == {1, 2} and min(row.values()) > 0 for row in res.values())
     assert json.load(open(out))["aggregate_decode_tok_s"]["dense"]["2"] > 0
-    assert "| W4A16 | " in open(str(tmp_path / "batched.md")).read()
+    assert "| dense | " in open(str(tmp_path / "batched.md")).read()

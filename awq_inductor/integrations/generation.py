@@ -120,6 +120,8 @@ def _native_kernels_of(model: nn.Module) -> list:
     from . import attention as attention_integration
 
     out = []
+    if getattr(model, "dtype", None) != torch.bfloat16:  # both kernels are bf16-only
+        return out
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == attention_integration.NAME:
         out.append(attention.prebuild)
     get_head = getattr(model, "get_output_embeddings", None)
@@ -145,7 +147,10 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
             except Exception as e:  # noqa: BLE001  (the first call raises it with its context)
                 log.debug("awq_inductor: prebuilding %s failed: %s", build.__module__, e)
 
-    thread = threading.Thread(target=run, name="awq-prebuild", daemon=True)
+    # not a daemon: interpreter shutdown waits for it instead of tearing down a thread inside a
+    # build or a dlopen (a daemon one ended a 2-rank TP run with "terminate called without an
+    # active exception" once in a CI rehearsal)
+    thread = threading.Thread(target=run, name="awq-prebuild", daemon=False)
     thread.start()
     return thread
 
