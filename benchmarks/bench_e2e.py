@@ -38,7 +38,7 @@ from awq_inductor.cli import bench
 from awq_inductor.baselines import to_int4pack
 from awq_inductor.nn.head import Bf16HeadLinear
 from awq_inductor.testing import build_float_model, save_quantized
-from llama_shape import add_shape_args, llama_config  # noqa: E402  (benchmarks/ is sys.path[0])
+from llama_shape import add_shape_args, llama_config, write_results  # noqa: E402  (benchmarks/ is sys.path[0])
 
 
 def main(argv=None):
@@ -167,11 +167,7 @@ def batched_main(a, model, ref):
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)
     print("\n" + table)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"args": vars(a), "load_avg": [load, load_after], "aggregate_decode_tok_s": res}, f, indent=1)
-    with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
-        f.write(table + "\n")
+    write_results(a.out, {"args": vars(a), "load_avg": [load, load_after], "aggregate_decode_tok_s": res}, table)
     return res
 
 

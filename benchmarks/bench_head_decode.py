@@ -13,7 +13,6 @@ extra tokens; medians over ``--rounds``. ``int8 kc=<n>`` is the int8 head with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -26,7 +25,7 @@ import transformers
 from awq_inductor import patch_transformers
 from awq_inductor.ops import head_int8
 from awq_inductor.testing import build_float_model, save_quantized
-from llama_shape import add_shape_args, llama_config  # noqa: E402  (benchmarks/ is sys.path[0])
+from llama_shape import add_shape_args, llama_config, write_results  # noqa: E402  (benchmarks/ is sys.path[0])
 
 #: variant -> (lm_head choice, int8 one-row blocking or None)
 VARIANTS = {"bf16": ("bf16", None), "int8 kc=4": ("int8", 4), "int8 kc=8": ("int8", 8), "int4": ("int4", None)}
@@ -89,11 +88,7 @@ def main(argv=None):
         lines.append(f"| {n} | {med[n]:.2f} | {1e3 / med[n]:.1f} | {rel} | {', '.join(f'{x:.1f}' for x in ms[n])} |")
     table = "\n".join(lines)
     print(table)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"args": vars(a), "load_avg": [load, load_after], "ms_per_token": ms}, f, indent=1)
-    with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
-        f.write(table + "\n")
+    write_results(a.out, {"args": vars(a), "load_avg": [load, load_after], "ms_per_token": ms}, table)
     return med
 
 

@@ -3,6 +3,8 @@ bench_load_memory): one set of shape options and one config from them."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 import transformers
 
@@ -24,3 +26,12 @@ def llama_config(a: argparse.Namespace) -> transformers.LlamaConfig:
                                     num_hidden_layers=a.layers, num_attention_heads=a.heads,
                                     num_key_value_heads=a.kv_heads, max_position_embeddings=4096,
                                     tie_word_embeddings=False)
+
+
+def write_results(out: str, payload: dict, table: str) -> None:
+    """``payload`` as JSON at ``out`` and the markdown ``table`` beside it (same name, ``.md``)."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(table + "\n")

@@ -92,7 +92,6 @@ def _run_layer(forward, args, kwargs):
     return forward(*args, **kwargs)
 
 
-
 # Graphs one layer kind may need: prefill (empty cache) and decode x padding mask or none x batch 1
 # or more (Dynamo specialises sizes 0 and 1), and the 1-token prompt's prefill and first decode
 # (cache length 1) per batch class: 12; Dynamo's default limit (8) would be hit by a server that
@@ -175,12 +174,16 @@ def restore(model: nn.Module) -> int:
         for layer in layers:
             original = getattr(layer.forward, "_awq_original", None)
             if original is not None:
-                layer.forward = original
-                if getattr(original, "__func__", None) is getattr(type(layer), "forward", None):
-                    del layer.forward  # the class's method again, not an instance attribute
+                _put_back(layer, original)
                 n += 1
     if getattr(model.forward, "_awq_no_duck_shapes", False):
-        model.forward = model.forward.__wrapped__
-        if getattr(model.forward, "__func__", None) is getattr(type(model), "forward", None):
-            del model.forward
+        _put_back(model, model.forward.__wrapped__)
     return n
+
+
+def _put_back(module: nn.Module, forward: Callable) -> None:
+    """``module.forward = forward``, or no instance attribute at all where it is the class's method."""
+    if getattr(forward, "__func__", None) is getattr(type(module), "forward", None):
+        module.__dict__.pop("forward", None)
+    else:
+        module.forward = forward
