@@ -379,9 +379,7 @@ def main(argv=None) -> int:
     results = _run_methods(args, model, path, tokenizer, ids, dtype)
     _report_agreement(results, args.new_tokens, args.dtype, tokenizer is not None)
     if tp_info:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
+        _tp.shutdown()
     return 0
 
 

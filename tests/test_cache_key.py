@@ -113,8 +113,11 @@ def test_fx_key_covers_new_settings_and_the_cpu(monkeypatch):
     with isa.fake_cpu(isa.CpuFeatures(avx512=True, avx512_bf16=False, amx_tile=False)):
         assert lowering.choose_isa() == "portable"
         assert lowering.cache_uuid() != base
-    with isa.fake_cpu(isa.CpuFeatures(avx512=True, avx512_bf16=True, amx_tile=True), amx_permission=True):
-        # CPUID and permission say AMX; Inductor's pick_vec_isa() on this host decides the rest
+    real_amx = isa.cpu_features().amx_tile
+    # the AMX bit flipped against this host (an AMX host faking AMX would change nothing): CPUID and
+    # permission say AMX (or not); Inductor's pick_vec_isa() on this host decides the rest
+    with isa.fake_cpu(isa.CpuFeatures(avx512=True, avx512_bf16=True, amx_tile=not real_amx),
+                      amx_permission=not real_amx):
         assert lowering.cache_uuid() != base
 
 

@@ -5,6 +5,7 @@ import torch._dynamo.testing
 
 import awq_inductor  # noqa: F401
 from awq_inductor import ops
+from awq_inductor.kernels.plan import NEVER
 from awq_inductor.ops import oracles
 
 from helpers import random_packed
@@ -97,10 +98,13 @@ def test_bad_input(over, match):
 @pytest.mark.parametrize("K,N,G", [(512, 200, 128), (384, 96, 384), (256, 64, 32)])
 def test_decode_rows_bf16(M, K, N, G):
     """bf16 M = 1..8 (the one-pass decode kernel; N = 200 leaves a 1-panel last tile, G = K one
-    group): each row within bf16 output rounding of the fp32 reference."""
+    group): each row within bf16 output rounding of the fp32 reference. The plan keeps AMX off, so
+    an AMX host runs the decode kernel too (its tiles take bf16-rounded weights from 5 rows: the
+    dense numerics, tested in test_native.py)."""
     qw, s, z, b = random_packed(N, K, G, bias=True, seed=M * 7 + K)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).to(torch.bfloat16)
-    y = OP(x, qw, s, z, b, G, N).float()
+    with awq_inductor.config.patch(kernel_plan={"amx_min_m": NEVER}):
+        y = OP(x, qw, s, z, b, G, N).float()
     ref = oracles.int4_mm("int4_mm", x.float(), qw, s, z, b, G, N)
     scale = ref.abs().amax(dim=1, keepdim=True)
     torch.testing.assert_close(y / scale, ref / scale, rtol=0, atol=4e-3)

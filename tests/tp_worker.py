@@ -129,6 +129,8 @@ def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     a = p.parse_args(argv)
+    from awq_inductor import tp
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -143,8 +145,7 @@ def main(argv=None):
         res[name] = run_case(case, mark)
     res["epilogue"] = epilogue_before_all_reduce()
     torch.save(res, os.path.join(a.out, f"rank{rank}.pt"))
-    dist.barrier()
-    dist.destroy_process_group()
+    tp.shutdown()
     return 0
 
 

@@ -112,3 +112,15 @@ def init_from_env(tp_size: int, cores: Optional[str] = None, threads: Optional[i
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return {"rank": env["rank"], "world_size": env["world_size"], "cores": my, "threads": n}
 
+
+
+def shutdown() -> None:
+    """End this rank's part of the run: a barrier, then ``destroy_process_group``. Without the
+    barrier a rank that finished first could tear its gloo pairs down while the other still had a
+    collective in flight; the CI's 2-rank demo once ended "terminate called without an active
+    exception" (SIGABRT in rank 1) where tests/tp_worker.py, which has the barrier, never did."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
