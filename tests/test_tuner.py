@@ -94,6 +94,19 @@ def test_measure_stops_timing_a_path_that_keeps_losing():
     assert max(times["slow"]) == 64  # slow at 32 and 64 (from DROP_MIN_M): not timed for M >= 128
 
 
+def test_measure_keeps_timing_dense_where_it_catches_up():
+    """dense pays a fixed dequantization per call: far behind at mid M, ahead at large M (the AMX
+    Xeon: 2.4x the AMX path at M = 64, 0.60x at 2048). It is timed at every bucket and chosen there."""
+    timer = fake_timer({"amx": lambda m: 0.05 * m, "dense": lambda m: 5.0 + 0.03 * m})
+    cands = {"amx": kplan.Plan(0, NEVER, NEVER), "dense": kplan.Plan(NEVER, NEVER, NEVER, 0)}
+    times = tuner.measure(cands, timer)
+    assert set(times["dense"]) == set(tuner.M_BUCKETS)
+    assert times["dense"][64] > tuner.DROP_RATIO * times["amx"][64] and times["dense"][2048] < times["amx"][2048]
+    plan = tuner.choose(W4A16, "amx", torch.bfloat16, times)
+    assert kplan.path_for(plan, W4A16, "amx", torch.bfloat16, 2048) == "dense"
+    assert kplan.path_for(plan, W4A16, "amx", torch.bfloat16, 64) == "amx"
+
+
 def test_tuned_plan_round_trips_through_disk(tune_dir):
     ms = tuner.M_BUCKETS
     timer = fake_timer({"dense": lambda m: 9.0, "decode_bf16": lambda m: 1.0 if m <= 2 else 5.0,

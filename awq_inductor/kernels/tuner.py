@@ -145,9 +145,16 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     return timer
 
 
+#: Paths timed at every bucket however far behind: ``dense`` is the "never slower than dense"
+#: candidate, and its fixed cost (dequantizing the whole weight) shrinks per row as M grows. On the
+#: 2-core AMX Xeon (K 11008, N 4096) it took 2.0x / 2.4x the AMX path at M = 32 / 64, was dropped,
+#: and never timed where it wins: 0.60x at M = 2048 (benchmarks/results/report_llama7b_amx.md).
+NEVER_DROPPED = ("dense",)
+
+
 def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_BUCKETS) -> Dict[str, Dict[int, float]]:
     """path -> {M: seconds}, dropping a path for larger M once it was DROP_RATIO x slower than the
-    best at two consecutive buckets (from DROP_MIN_M rows)."""
+    best at two consecutive buckets (from DROP_MIN_M rows), except :data:`NEVER_DROPPED`."""
     times: Dict[str, Dict[int, float]] = {p: {} for p in cands}
     slow = {p: 0 for p in cands}
     for M in m_buckets:
@@ -156,7 +163,8 @@ def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_B
             times[p][M] = timer(p, cands[p], M)
         best = min(times[p][M] for p in live)
         for p in live:
-            slow[p] = slow[p] + 1 if M >= DROP_MIN_M and times[p][M] > DROP_RATIO * best else 0
+            losing = M >= DROP_MIN_M and times[p][M] > DROP_RATIO * best and p not in NEVER_DROPPED
+            slow[p] = slow[p] + 1 if losing else 0
     return times
 
 
