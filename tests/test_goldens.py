@@ -53,7 +53,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -75,7 +75,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -97,7 +97,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -119,7 +119,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -141,7 +141,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -163,7 +163,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -200,7 +200,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_driver(
         X, M, QW, S, Z, nullptr, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             // tiles are 64 wide and 64-aligned (I % 32 == 0): columns [n_start, n_start + 32) are gate,
             // [n_start + 32, n_end) up, for the outputs [o_start, o_start + 32)
@@ -268,8 +268,8 @@ void kernel(const at::BFloat16* X, const int64_t* IDS, const float* TW, const ui
     awq::int4_moe_driver(
         X, T, IDS, TW, topk, W13_QW, W13_S, W13_Z,
         W2_QW, W2_S, W2_Z, Y, E, H, I, G, 4,
-        awq::Thresholds{5, 8, 9},  // gate|up plan: default
-        awq::Thresholds{5, 8, 9});  // down plan: default
+        awq::Thresholds{5, 8, 9, 0},  // gate|up plan: default
+        awq::Thresholds{5, 8, 9, 0});  // down plan: default
 }
 // END awq""")
 

@@ -58,7 +58,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_a8_driver(
         X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -80,7 +80,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_a8_driver(
         X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -102,7 +102,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     if (M <= 0) return;
     awq::int4_mm_a8_driver(
         X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>
@@ -124,7 +124,7 @@ void kernel(const float* X, const uint8_t* QW, const float* S, const uint8_t* Z,
     if (M <= 0) return;
     awq::int4_mm_a8_driver(
         X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9},  // plan: default
+        awq::Thresholds{5, 8, 9, 0},  // plan: default
         [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
             float* awq_acc_buf = const_cast<float*>(awq_acc);
             <inductor store_output>

@@ -272,16 +272,18 @@ def _compiled_code(lin, x):
 
 
 @pytest.mark.parametrize("winner,literal", [
-    ("decode_bf16", f"awq::Thresholds{{{config.amx_min_m}, {NEVER}, {NEVER}}}"),
-    ("panel", f"awq::Thresholds{{{config.amx_min_m}, 1, 1}}"),
+    ("decode_bf16", f"awq::Thresholds{{{config.amx_min_m}, {NEVER}, {NEVER}, 512}}"),
+    ("panel", f"awq::Thresholds{{{config.amx_min_m}, 1, 1, 512}}"),
 ])
 def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
-    """Two candidate timings forced: the compiled kernel's thresholds select the faster one."""
+    """Two candidate timings forced: the compiled kernel's thresholds select the faster one (and
+    carry the machine's decode prefetch distance, measured as 512 here)."""
     def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
         return fake_timer({p: (lambda m, p=p: 1.0 if p == winner else 2.0)
                            for p in kplan.candidates(op, isa, x_dtype)})
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
+    monkeypatch.setattr(tuner, "tune_decode_prefetch", lambda isa: (512, {}))
     q, z, s = random_canonical(128, 256, 64)
     lin = AWQLinear.from_canonical(q, z, s, group_size=64)
     x = torch.randn(3, 256).to(torch.bfloat16)
@@ -404,3 +406,46 @@ def test_plans_are_measured_at_load_never_inside_the_first_generate(tune_dir, mo
         plan = tuning_cache.plan_for(s.op, isa_mod.select(), torch.bfloat16, s.K, s.out_features, s.G)
         assert plan.source == "cached"
     assert len(calls) == 4  # nothing measured after load
+
+
+def test_decode_prefetch_distance_is_measured_once_per_machine_and_reaches_the_plans(tune_dir):
+    """The decode kernel's prefetch distance is a machine measurement: chosen where it is clearly
+    faster, cached beside the plans, carried by every bf16 plan (never by fp32 ones), part of the
+    cache file (so of the FX key through cache_digest), and 0 under tune="off"."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    isa = isa_mod.select()
+    fast = {0: 3.0, 512: 2.0, 1024: 1.0, 2048: 1.5}
+    calls = []
+
+    def timer(pf):
+        calls.append(pf)
+        return fast[pf] * 1e-3
+
+    assert tuner.tune_decode_prefetch(isa, timer)[0] == 1024
+    assert len(calls) == len(tuner.PREFETCH_CANDIDATES) * tuner.PREFETCH_ROUNDS
+    flat = {pf: 1.0 for pf in fast}
+    assert tuner.tune_decode_prefetch(isa, lambda pf: flat[pf] * 1e-3)[0] == 0  # no gain: none
+    # by median a distance is 2x faster, but it beats none in 1 round of 5 (the rounds disagree): not trusted
+    rounds = iter([1.0, 2.0, 2.0, 2.0] * 2 + [1.0, 0.5, 0.5, 0.5] + [0.1, 0.5, 0.5, 0.5] * 2)
+    best, times = tuner.tune_decode_prefetch(isa, lambda pf: next(rounds))
+    assert best == 0 and times["noisy"] and times["512"] < times["0"]
+
+    measured = []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(tuner, "tune_decode_prefetch", lambda isa: (measured.append(isa), (512, {"0": 2.0}))[1])
+    try:
+        digest = tuning_cache.cache_digest()
+        assert tuning_cache.decode_prefetch(isa) == 512 and tuning_cache.decode_prefetch(isa) == 512
+        assert len(measured) == 1 and tuning_cache.cache_digest() != digest
+        tuning_cache.forget()
+        assert tuning_cache.decode_prefetch(isa) == 512 and len(measured) == 1  # from the file
+        plan = kplan.Plan(5, 8, 9, source="cached")
+        assert tuning_cache._with_machine_params(plan, isa, torch.bfloat16).decode_prefetch == 512
+        assert tuning_cache._with_machine_params(plan, isa, torch.float32).decode_prefetch == 0
+        assert tuning_cache._with_machine_params(plan, isa, torch.bfloat16).cxx_args()[-1] == 512
+        with config.patch(tune="off"):
+            tuning_cache.forget()
+            assert tuning_cache.plan_for(OPS["int4_mm"], isa, torch.bfloat16, 256, 64, 64).decode_prefetch == 0
+    finally:
+        monkey.undo()

@@ -25,7 +25,7 @@ import torch
 from .. import config
 from ..schemes import OP_SPECS, OPS, Scheme
 from . import isa as isa_mod
-from .plan import BF16_F32_MIN_M
+from .plan import BF16_F32_MIN_M, CXX_FIELDS, DEFAULT_DECODE_PREFETCH
 
 #: Rows / columns of the fp32 accumulator tile handed to ``store`` (``AWQ_TILE_M`` / ``AWQ_TILE_N``).
 TILE_M = 32
@@ -102,14 +102,15 @@ def render_header(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
                   amx_emulate: Optional[bool] = None) -> str:
     """Runtime + the scheme's plan and driver + the micro-kernels it lists for ``isa``.
 
-    ``config.amx_min_m``, ``config.panel_min_m`` and ``plan.BF16_F32_MIN_M`` are baked in as the
+    ``config.amx_min_m``, ``config.panel_min_m``, ``plan.BF16_F32_MIN_M`` and ``plan.DEFAULT_DECODE_PREFETCH`` are baked in as the
     defaults of ``awq::Thresholds`` (they pick the kernels inside the plan). ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to
     the scalar tile emulator instead of the ``_tile_*`` intrinsics."""
     isa = isa_mod.check(isa)
     emu = isa_mod.amx_emulated(amx_emulate)
     kw = dict(isa=isa, x_dtype=dtype_name(x_dtype), tile_m=TILE_M, tile_n=TILE_N,
               amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m),
-              bf16_f32_min_m=BF16_F32_MIN_M, amx_emulate=emu, gcc_target=isa_mod.gcc_target(isa, emu))
+              bf16_f32_min_m=BF16_F32_MIN_M, decode_prefetch=DEFAULT_DECODE_PREFETCH, amx_emulate=emu,
+              gcc_target=isa_mod.gcc_target(isa, emu))
     names = _RUNTIME + (scheme.header,) + isa.micro[scheme.name]
     return "\n".join(_render(n, **kw) for n in names)
 
@@ -131,6 +132,6 @@ def render_eager(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
         raise ValueError(f"scheme {scheme.name}: runtime/dense.h needs row_bytes = 16 * k_per_row, "
                          f"got {scheme.row_bytes} and {scheme.k_per_row}")
     isa = isa_mod.check(isa)
-    return _render("entry/eager.cpp.j2", scheme=scheme, ops=ops, isa=isa, x_dtype=dtype_name(x_dtype),
+    return _render("entry/eager.cpp.j2", scheme=scheme, ops=ops, isa=isa, x_dtype=dtype_name(x_dtype), plan_fields=CXX_FIELDS,
                    header=render_header(scheme, isa, x_dtype, amx_emulate),
                    gcc_target=isa_mod.gcc_target(isa, isa_mod.amx_emulated(amx_emulate)))

@@ -26,7 +26,7 @@ from .. import config
 from ..schemes import OPS, SCHEMES, Op, Scheme
 from . import codegen, isa as isa_mod
 from .cache_key import native_key
-from .plan import Plan, default_plan
+from .plan import CXX_FIELDS, Plan, default_plan
 from .toolchain import compiler_id, require_cxx
 
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
@@ -139,8 +139,8 @@ def isa_tag(isa: str, emulate: bool) -> str:
 # ---------------------------------------------------------------------------------------------
 # The int4 GEMM kernels of a scheme (entry/eager.cpp.j2)
 def int4_mm_args(n_weights: int) -> list:
-    """x, M, weights..., bias, out, N, K, G, threads, awq::Thresholds (amx, panel, bf16 -> f32)."""
-    return [VP, I64] + [VP] * n_weights + [VP, VP, I64, I64, I64, INT, I64, I64, I64]
+    """x, M, weights..., bias, out, N, K, G, threads, the awq::Thresholds fields (plan.CXX_FIELDS)."""
+    return [VP, I64] + [VP] * n_weights + [VP, VP, I64, I64, I64, INT] + [I64] * len(CXX_FIELDS)
 
 
 #: qweight, scales, zeros, n, K, G, n0, n1, out, threads

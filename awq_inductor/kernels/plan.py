@@ -26,22 +26,32 @@ NEVER = 1 << 40
 #: default of ``Thresholds::bf16_f32_min_m`` (runtime/driver.h.j2)
 BF16_F32_MIN_M = 9
 THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
+#: The fields of ``awq::Thresholds`` (runtime/driver.h.j2) in order: the eager entry points' trailing
+#: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
+#: Inductor template's initializer are all made from this list.
+CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch")
+#: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
+#: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
+DEFAULT_DECODE_PREFETCH = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Rows from which each path is taken (see the module docstring); ``source`` says where the
+    """Rows from which each path is taken (see the module docstring) and the bf16 decode kernel's
+    software prefetch distance in bytes (measured once per machine, not per shape: the hardware
+    prefetchers decide it; :func:`~awq_inductor.kernels.tuner.tune_decode_prefetch`); ``source`` says where the
     plan came from (``default`` | ``forced`` | ``cached`` | ``tuned``)."""
 
     amx_min_m: int
     panel_min_m: int
     bf16_f32_min_m: int
     dense_min_m: int = NEVER
+    decode_prefetch: int = DEFAULT_DECODE_PREFETCH
     source: str = "default"
 
-    def cxx_args(self) -> Tuple[int, int, int]:
-        """The ``awq::Thresholds`` fields, in order."""
-        return (self.amx_min_m, self.panel_min_m, self.bf16_f32_min_m)
+    def cxx_args(self) -> Tuple[int, ...]:
+        """The ``awq::Thresholds`` fields (:data:`CXX_FIELDS`), in order."""
+        return tuple(int(getattr(self, f)) for f in CXX_FIELDS)
 
     def cxx(self) -> str:
         return ", ".join(str(v) for v in self.cxx_args())
@@ -57,9 +67,10 @@ def default_plan() -> Plan:
 
 
 def forced_plan(values: dict) -> Plan:
-    unknown = set(values) - set(THRESHOLDS)
+    keys = THRESHOLDS + ("decode_prefetch",)
+    unknown = set(values) - set(keys)
     if unknown:
-        raise ValueError(f"config.kernel_plan: expected keys among {THRESHOLDS}, got {sorted(unknown)}")
+        raise ValueError(f"config.kernel_plan: expected keys among {keys}, got {sorted(unknown)}")
     return dataclasses.replace(default_plan(), source="forced", **{k: int(v) for k, v in values.items()})
 
 

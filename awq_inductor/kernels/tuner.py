@@ -38,12 +38,13 @@ import dataclasses
 import itertools
 import logging
 import os
+import statistics
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..schemes import W4A8, Op
+from ..schemes import OPS, W4A8, Op
 from . import dense, native
 from .plan import NEVER, Plan, candidates, default_plan, path_for
 
@@ -245,3 +246,56 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
     out = ("amx_min_m",) if isa == "amx" and x_dtype == torch.bfloat16 else ()
     out += ("bf16_f32_min_m",) if x_dtype == torch.bfloat16 else ()
     return out + ("panel_min_m", "dense_min_m")
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode kernel's software prefetch distance (per machine)
+#: Distances (bytes ahead in each weight stream) the bf16 decode kernel is timed with. Cold, M = 1,
+#: 2 threads, bench_decode's harness, share of the read probe at 4096 x 4096 / 4096 x 11008 on the
+#: 2-core Sapphire-Rapids-class Xeon: none 40% / 45%, 512 B 59 / 64%, 1 KB 61 / 68-70%, 2 KB 58 /
+#: 67%, 4 KB 62-64 / 68-70%; on Zen 4 a 2 KB-ahead prefetch cost 6-9% (1 thread).
+PREFETCH_CANDIDATES = (0, 512, 1024, 2048)
+#: Weight bytes the measurement rotates through, so every call reads from DRAM (past the L3s met so
+#: far: 32 MB on Zen 4; the Xeon VM reports 480 MB but streams 256 MiB at its DRAM rate).
+PREFETCH_COLD_BYTES = 256 << 20
+PREFETCH_ROUNDS = 5
+
+
+def tune_decode_prefetch(isa: str, timer: Optional[Callable[[int], float]] = None) -> Tuple[int, dict]:
+    """(bytes, {distance: ms per call, "noisy": bool}) for this machine: the W4A16 bf16 decode kernel
+    at M = 1 (4096 x 2048, G = 128), each distance of :data:`PREFETCH_CANDIDATES` timed over cold
+    copies of the weights, interleaved in :data:`PREFETCH_ROUNDS` rounds (median per distance). A
+    distance replaces none only if its median is ``MIN_GAIN`` faster and it beats none in most
+    rounds: a busy machine (another job on the 2 cores once made every call 20x slower) keeps none
+    and is marked noisy. ``timer`` (tests): distance -> seconds per call."""
+    timer = timer or _cold_decode_timer(isa)
+    times: Dict[int, List[float]] = {pf: [] for pf in PREFETCH_CANDIDATES}
+    for _ in range(PREFETCH_ROUNDS):
+        for pf in PREFETCH_CANDIDATES:
+            times[pf].append(timer(pf))
+    med = {pf: statistics.median(t) for pf, t in times.items()}
+    best = min(med, key=med.get)
+    wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[0]))
+    noisy = best != 0 and 2 * wins <= PREFETCH_ROUNDS
+    if med[0] <= med[best] * MIN_GAIN or noisy:
+        best = 0
+    return best, {**{str(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
+
+
+def _cold_decode_timer(isa: str) -> Callable[[int], float]:
+    op, K, n, G = OPS["int4_mm"], 4096, 2048, 128
+    qw, s, z = _random_weights(op, K, n, G)
+    copies = [qw] + [qw.clone() for _ in range(max(1, PREFETCH_COLD_BYTES // qw.nbytes) - 1)]
+    kern = native.get_kernel(op.name, torch.bfloat16, isa)
+    x = torch.randn(1, K).to(torch.bfloat16)
+    base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
+    kern(x, qw, s, z, None, G, n, plan=base)  # built and warm before the clock
+
+    def timer(pf: int) -> float:
+        plan = dataclasses.replace(base, decode_prefetch=pf)
+        t0 = time.perf_counter()
+        for q in copies:
+            kern(x, q, s, z, None, G, n, plan=plan)
+        return (time.perf_counter() - t0) / len(copies)
+
+    return timer

@@ -25,7 +25,7 @@ from ..schemes import Op
 from .. import families
 from ..schemes import GATE_UP_SILU, LINEAR, op_for
 from . import cache_key, native, tuner
-from .plan import NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
+from .plan import DEFAULT_DECODE_PREFETCH, NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ def _write(path: str, data: dict) -> None:
 
 _lock = threading.Lock()
 _memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
+_prefetch_memo: Dict[Tuple[int, str], int] = {}  # (threads, isa) -> the decode kernel's prefetch distance
 
 
 def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None) -> None:
@@ -114,21 +115,57 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
         return default_plan()
     key = shape_key(op, isa, x_dtype, K, out_features, G)
     plan = _memo.get((threads(), key))
-    if plan is not None:
-        return plan
-    path = cache_path()
-    plan = _cached(path, key)
-    if plan is None and config.tune == "auto":
-        t0 = time.perf_counter()
-        plan, times = tuner.tune_shape(op, isa, x_dtype, K, out_features, G)
-        store(key, plan, times)
-        if plan.source != "noisy":  # (tune_shape has said why it kept the constants)
-            log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
-                        key, time.perf_counter() - t0, plan.thresholds(), path)
     if plan is None:
-        return default_plan()
-    _memo[(threads(), key)] = plan
-    return plan
+        path = cache_path()
+        plan = _cached(path, key)
+        if plan is None and config.tune == "auto":
+            t0 = time.perf_counter()
+            plan, times = tuner.tune_shape(op, isa, x_dtype, K, out_features, G)
+            store(key, plan, times)
+            if plan.source != "noisy":  # (tune_shape has said why it kept the constants)
+                log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
+                            key, time.perf_counter() - t0, plan.thresholds(), path)
+        if plan is None:
+            return _with_machine_params(default_plan(), isa, x_dtype)
+        _memo[(threads(), key)] = plan
+    return _with_machine_params(plan, isa, x_dtype)
+
+
+def _with_machine_params(plan: Plan, isa: str, x_dtype: torch.dtype) -> Plan:
+    """``plan`` with the machine's measured decode prefetch distance (bf16 x: the kernel it steers)."""
+    if x_dtype != torch.bfloat16:
+        return plan
+    return dataclasses.replace(plan, decode_prefetch=decode_prefetch(isa))
+
+
+def decode_prefetch(isa: str, remeasure: bool = False) -> int:
+    """The bf16 decode kernel's software prefetch distance on this machine (bytes, 0: none): the
+    cached measurement (one per machine key and ISA), measured now where there is none and
+    ``config.tune == "auto"`` (or ``remeasure``), else the constant. A machine property, not a
+    shape's: every cached and tuned bf16 plan carries it."""
+    key = (threads(), str(isa))
+    if key in _prefetch_memo and not remeasure:
+        return _prefetch_memo[key]
+    path, name = cache_path(), f"decode_prefetch/{isa}"
+    entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
+    if entry is None and not remeasure and config.tune != "auto":
+        return DEFAULT_DECODE_PREFETCH
+    if entry is None:
+        value, times = tuner.tune_decode_prefetch(isa)
+        with _lock:
+            data = _read(path)
+            data["machine"] = cache_key.machine(threads())
+            data.setdefault("machine_params", {})[name] = {"bytes": value, "times_ms": times}
+            _write(path, data)
+        log.info("awq_inductor: decode prefetch distance on this machine: %d bytes (%s)", value, times)
+    else:
+        try:
+            value = int(entry["bytes"])
+        except (KeyError, TypeError, ValueError):
+            log.warning("awq_inductor: ignoring the malformed %s entry in %s", name, path)
+            return DEFAULT_DECODE_PREFETCH
+    _prefetch_memo[key] = value
+    return value
 
 
 def cache_digest() -> str:
@@ -146,6 +183,7 @@ def forget() -> None:
     """Drop the per-process plans (tests: the next lookup reads the cache again)."""
     with _lock:
         _memo.clear()
+        _prefetch_memo.clear()
     cache_key.machine_key.cache_clear()
 
 
@@ -217,6 +255,8 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     isa = isa_mod.select()
     if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
         return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
+    if x_dtype == torch.bfloat16:
+        decode_prefetch(isa)  # once per machine: measured here, at load, where not cached
     path, n = cache_path(), threads()
     todo = [s for s in dict.fromkeys(shapes)
             if (n, s.key(isa, x_dtype)) not in _memo and _cached(path, s.key(isa, x_dtype)) is None]
@@ -233,6 +273,8 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
     from . import isa as isa_mod
 
     isa = isa or isa_mod.select()
+    if x_dtype == torch.bfloat16:
+        decode_prefetch(isa, remeasure=retune)
     out = []
     for s in track(shapes, "tuning kernels", show=show, unit="shape"):
         key = s.key(isa, x_dtype)

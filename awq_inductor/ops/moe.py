@@ -33,7 +33,7 @@ import torch
 from .. import config, packing
 from ..kernels import codegen, isa as isa_mod, native, tuning_cache
 from ..kernels.native import I64, INT, VP
-from ..kernels.plan import Plan, default_plan
+from ..kernels.plan import CXX_FIELDS, Plan, default_plan
 from ..schemes import MOE_OPS, MoeOp
 from .int4_mm import _check_group_size, _check_x
 from .tracing import on_first_trace
@@ -132,8 +132,8 @@ def expert_plans(mop: MoeOp, isa: str, x_dtype: torch.dtype, hidden_size: int, i
 
 
 def moe_args(n_weights: int) -> list:
-    """x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads, Thresholds of w13 (3), of w2 (3)."""
-    return [VP, I64, VP, VP, I64] + [VP] * (2 * n_weights) + [VP, I64, I64, I64, I64, INT] + [I64] * 6
+    """x, T, ids, tw, k, w13..., w2..., out, E, H, I, G, threads, Thresholds of w13, of w2 (plan.CXX_FIELDS each)."""
+    return [VP, I64, VP, VP, I64] + [VP] * (2 * n_weights) + [VP, I64, I64, I64, I64, INT] + [I64] * (2 * len(CXX_FIELDS))
 
 
 @functools.lru_cache(maxsize=None)
@@ -144,7 +144,7 @@ def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes
     kw = dict(isa=isa_mod.get(isa), x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
     moe_header = codegen.render_moe_header(mop, isa, x_dtype, emulate)
     src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header,
-                                                                       moe_header=moe_header, **kw)
+                                                                       moe_header=moe_header, plan_fields=CXX_FIELDS, **kw)
     return native.library(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
                           isa=native.isa_tag(isa, emulate))
 
