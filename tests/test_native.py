@@ -8,7 +8,7 @@ import torch
 from helpers import op_args
 from awq_inductor import config, ops, packing, schemes
 from awq_inductor.ops import oracles
-from awq_inductor.kernels import codegen, native
+from awq_inductor.kernels import codegen, native, plan as kplan
 from awq_inductor.kernels import isa as isa_mod
 
 
@@ -179,8 +179,9 @@ def _make_canonical(M, K, N, G, bias, seed):
     (112, 130, 112),  # K % 32 != 0, G = K
 ])
 def test_amx_emulated(M, K, N, G):
-    """bf16 AMX path (tile emulator) vs the fp32 reference (bf16 tolerance); with K % 32 == 0 also
-    element-wise vs fp32 math on the bf16-rounded dequantized weights the AMX kernel multiplies."""
+    """bf16 AMX paths (tile emulator) vs the fp32 reference (bf16 tolerance); with K % 32 == 0 also
+    element-wise vs fp32 math on the weights each path multiplies: exact (q - z) * s for amx_groups
+    (up to AMX_GROUPS_MAX_M rows), bf16-rounded dequantized weights for amx."""
     x, q, z, s, b = _make_canonical(M, K, N, G, True, seed=M * 1000 + K + N)
     qw, sp, zp = packing.pack_for_kernel(q, z, s, G)
     with config.patch(force_isa="amx", amx_emulation=True):
@@ -190,15 +191,46 @@ def test_amx_emulated(M, K, N, G):
         y = k(x, qw, sp, zp, b, G, N).float()
     if K % 32 == 0:
         wd = ((q.float() - z.float().repeat_interleave(G, 1)) * s.float().repeat_interleave(G, 1))
-        ref = x.float() @ wd.to(torch.bfloat16).float().t() + b
+        if M <= kplan.AMX_GROUPS_MAX_M and G % 32 == 0:
+            # amx_groups: exact products x (q - z), scaled per group in fp32: fp32 math on the exact weights
+            ref = x.float() @ wd.t() + b
+        else:  # amx: the weights dequantized and rounded to bf16 once per M block
+            ref = x.float() @ wd.to(torch.bfloat16).float().t() + b
         scale = ref.abs().max().item()
         torch.testing.assert_close(y, ref, rtol=2 ** -7, atol=1e-4 * scale)
 
 
+AMX_RUNS = [pytest.param(False, marks=emu),
+            pytest.param(True, marks=pytest.mark.skipif(not _can_run("amx"), reason="CPU/OS without AMX tiles"))]
+
+
+@pytest.mark.parametrize("hardware", AMX_RUNS)
+@pytest.mark.parametrize("M", [1, 5, 32])
+def test_amx_groups_exact_products_with_k_slices_inside_groups(hardware, M):
+    """amx_groups (B as bf16(128 + q), zeros and scales folded per group): one 32-column tile on 2
+    threads splits K = 768 into two slices of 384, which cut the middle group of 256 (the fold then
+    sums x over the segment: 4 segments); element-wise against fp32 math on the exact weights."""
+    K, N, G = 768, 32, 256
+    x, q, z, s, b = _make_canonical(M, K, N, G, True, seed=M + 7)
+    qw, sp, zp = packing.pack_for_kernel(q, z, s, G)
+    wd = (q.float() - z.float().repeat_interleave(G, 1)) * s.float().repeat_interleave(G, 1)
+    ref = x.float() @ wd.t() + b
+    plan = kplan.forced_plan({"amx_min_m": 1})
+    assert kplan.path_for(plan, schemes.OPS["int4_mm"], "amx", torch.bfloat16, M) == "amx_groups"
+    with config.patch(force_isa="amx", amx_emulation=not hardware, num_threads=2):
+        if not hardware:
+            native.amx_emulator_counters("int4_mm", torch.bfloat16)  # reset
+        y = native.get_kernel("int4_mm", torch.bfloat16)(x, qw, sp, zp, b, G, N, plan=plan).float()
+        if not hardware:  # the tiles ran, each segment's sums from tilezero (2 C tiles per 16 rows)
+            c = native.amx_emulator_counters("int4_mm", torch.bfloat16)
+            assert c["tdp"] > 0 and c["tilezero"] == 4 * 2 * ((M + 15) // 16)
+    torch.testing.assert_close(y, ref, rtol=2 ** -7, atol=1e-4 * ref.abs().max().item())
+
+
 @emu
 def test_amx_emulated_differs_from_avx512_and_threads_agree():
-    """The emulated run really takes the AMX path (bf16-rounded weights, not the exact fp32 kernel)
-    and is deterministic across thread counts (per-thread tile state)."""
+    """The emulated run really takes the AMX path (48 rows: bf16-rounded weights, not the exact fp32
+    kernel) and is deterministic across thread counts (per-thread tile state)."""
     x, qw, sp, zp, b = _make(48, 256, 96, 64, True, torch.bfloat16, seed=3)
     with config.patch(force_isa="avx512"):
         y_avx = torch.ops.awq.int4_mm(x, qw, sp, zp, b, 64, 96)

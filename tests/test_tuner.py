@@ -61,8 +61,9 @@ def test_path_for_mirrors_the_driver_order():
     bf16 = torch.bfloat16
     assert [kplan.path_for(plan, W4A16, "avx512", bf16, m) for m in (1, 2, 3, 7, 8, 1023, 1024)] == \
         ["decode_bf16", "decode_bf16", "f32_rows", "f32_rows", "panel", "panel", "dense"]
-    assert [kplan.path_for(plan, W4A16, "amx", bf16, m) for m in (1, 4, 5, 2048)] == \
-        ["decode_bf16", "f32_rows", "amx", "dense"]
+    assert [kplan.path_for(plan, W4A16, "amx", bf16, m) for m in (1, 4, 5, 32, 33, 2048)] == \
+        ["decode_bf16", "f32_rows", "amx_groups", "amx_groups", "amx", "dense"]
+    assert kplan.candidate_of("amx_groups") == "amx" and kplan.candidate_of("panel") == "panel"
     assert kplan.path_for(plan, W4A16, "amx", torch.float32, 16) == "panel"  # AMX is bf16-only
     assert [kplan.path_for(plan, W4A8, "amx", bf16, m) for m in (4, 5)] == ["vnni", "amx"]
     assert kplan.path_for(plan, W4A8, "avx512", bf16, 512) == "vnni"
@@ -105,6 +106,7 @@ def test_measure_keeps_timing_dense_where_it_catches_up():
     plan = tuner.choose(W4A16, "amx", torch.bfloat16, times)
     assert kplan.path_for(plan, W4A16, "amx", torch.bfloat16, 2048) == "dense"
     assert kplan.path_for(plan, W4A16, "amx", torch.bfloat16, 64) == "amx"
+    assert kplan.path_for(plan, W4A16, "amx", torch.bfloat16, 16) == "amx_groups"  # timed as "amx"
 
 
 def test_tuned_plan_round_trips_through_disk(tune_dir):

@@ -33,6 +33,12 @@ CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch")
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
 DEFAULT_DECODE_PREFETCH = 0
+#: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
+#: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are
+#: multiples of 32); more rows dequantize with the scales once per M block (``amx``). 4096 x 11008,
+#: hot, 2 threads, on the AMX Xeon (ms, groups / per-block): M = 16 1.56 / 2.83, 32 2.41 / 3.36,
+#: 64 4.71 / 4.47, 128 8.13 / 6.57.
+AMX_GROUPS_MAX_M = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +83,9 @@ def forced_plan(values: dict) -> Plan:
 # ---------------------------------------------------------------------------------------------
 # Which path a plan takes (mirrors the drivers' checks)
 def path_for(plan: Plan, op: Op, isa: str, x_dtype: torch.dtype, M: int) -> str:
-    """The kernel path ``plan`` selects for M rows: ``dense``, ``amx``, ``decode_bf16``,
-    ``f32_rows``, ``panel`` (W4A16), ``vnni`` (W4A8) or ``portable``."""
+    """The kernel path ``plan`` selects for M rows: ``dense``, ``amx``, ``amx_groups`` (W4A16, bf16,
+    up to AMX_GROUPS_MAX_M rows), ``decode_bf16``, ``f32_rows``, ``panel`` (W4A16), ``vnni`` (W4A8)
+    or ``portable``."""
     if M >= plan.dense_min_m:
         return "dense"
     if isa == "portable":
@@ -87,10 +94,16 @@ def path_for(plan: Plan, op: Op, isa: str, x_dtype: torch.dtype, M: int) -> str:
         return "amx" if isa == "amx" and M >= plan.amx_min_m else "vnni"
     if x_dtype == torch.bfloat16:
         if isa == "amx" and M >= plan.amx_min_m:
-            return "amx"
+            return "amx_groups" if M <= AMX_GROUPS_MAX_M else "amx"
         if M < plan.bf16_f32_min_m:
             return "decode_bf16"
     return "panel" if M >= plan.panel_min_m else "f32_rows"
+
+
+def candidate_of(path: str) -> str:
+    """The :func:`candidates` entry whose timings stand for ``path``: one forced plan runs both AMX
+    bf16 paths (``amx_groups`` up to AMX_GROUPS_MAX_M rows, ``amx`` above)."""
+    return "amx" if path == "amx_groups" else path
 
 
 def candidates(op: Op, isa: str, x_dtype: torch.dtype) -> Dict[str, Plan]:

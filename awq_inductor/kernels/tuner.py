@@ -46,7 +46,7 @@ import torch
 
 from ..schemes import OPS, W4A8, Op
 from . import dense, native
-from .plan import NEVER, Plan, candidates, default_plan, path_for
+from .plan import NEVER, Plan, candidate_of, candidates, default_plan, path_for
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,8 @@ def choose(op: Op, isa: str, x_dtype: torch.dtype, times: Dict[str, Dict[int, fl
     best = {m: min(t[m] for t in times.values() if m in t) for m in ms}
 
     def cost(plan: Plan) -> float:
-        return sum(times.get(path_for(plan, op, isa, x_dtype, m), {}).get(m, 10 * best[m]) / best[m] for m in ms)
+        return sum(times.get(candidate_of(path_for(plan, op, isa, x_dtype, m)), {}).get(m, 10 * best[m]) / best[m]
+                   for m in ms)
 
     values = sorted(set(ms) | {0, NEVER})
     free = _free_thresholds(op, isa, x_dtype)
