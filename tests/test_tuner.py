@@ -451,3 +451,27 @@ def test_decode_prefetch_distance_is_measured_once_per_machine_and_reaches_the_p
             assert tuning_cache.plan_for(OPS["int4_mm"], isa, torch.bfloat16, 256, 64, 64).decode_prefetch == 0
     finally:
         monkey.undo()
+
+
+def test_kernel_timer_reads_cold_weights_at_decode_rows(monkeypatch):
+    """Up to COLD_MAX_M rows every timed call gets another copy of the packed weight (COLD_BYTES in
+    rotation: read from DRAM, as in decode); from there on the slice itself (hot)."""
+    from awq_inductor.kernels import native
+
+    seen = {}
+
+    def fake_kernel(x, qweight, scales, zeros, bias, G, n, plan=None):
+        seen.setdefault(x.shape[0], []).append((qweight.data_ptr(), qweight.shape[0]))
+
+    monkeypatch.setattr(native, "get_kernel", lambda *a, **k: fake_kernel)
+    monkeypatch.setattr(tuner, "COLD_BYTES", 64 << 20)
+    op = OPS["int4_mm"]
+    timer = tuner.kernel_timer(op, "avx512", torch.bfloat16, 1024, 4096, 128)
+    plan = kplan.candidates(op, "avx512", torch.bfloat16)["decode_bf16"]
+    for M in (1, tuner.COLD_MAX_M, tuner.COLD_MAX_M + 1):
+        timer("decode_bf16", plan, M)
+    for M in (1, tuner.COLD_MAX_M):
+        ptrs = [p for p, _ in seen[M]]
+        assert len(set(ptrs)) == len(ptrs) >= 4, M  # a new copy every call
+        assert {rows for _, rows in seen[M]} == {tuner.TUNE_COLUMNS // 32, tuner.SMALL_COLUMNS // 32}
+    assert len({p for p, _ in seen[tuner.COLD_MAX_M + 1]}) == 2  # the two slices, hot

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import types
+from pathlib import Path
 from typing import Any, Dict, Iterable, Optional
 
 import torch
@@ -65,10 +66,23 @@ def _cpuinfo() -> Dict[str, str]:
     return out
 
 
+#: The measuring method: plans measured by another version of these files are measured again (the
+#: hot-slice timing of decode rows once cached a plan 1.3x slower at M = 1 on the AMX Xeon).
+TUNER_SOURCES = ("tuner.py", "plan.py")
+
+
+def tuner_hash() -> str:
+    h = hashlib.sha256()
+    for name in TUNER_SOURCES:
+        h.update((Path(__file__).parent / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def machine(threads: int) -> Dict[str, Any]:
     """What a kernel timing depends on besides the shape: the CPU model and its flags, the thread
-    count, torch and this package (version and kernel sources). The key of the tuning cache
-    (kernels/tuning_cache.py): another machine, thread count or build never reads these timings."""
+    count, torch and this package (version, kernel sources and the tuner's own code). The key of the
+    tuning cache (kernels/tuning_cache.py): another machine, thread count or build never reads these
+    timings."""
     import platform
 
     from .._version import __version__
@@ -79,7 +93,7 @@ def machine(threads: int) -> Dict[str, Any]:
     return {"cpu_model": info.get("model name") or platform.processor() or platform.machine(),
             "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "cpu": cpu_fingerprint(),
             "threads": int(threads), "torch": torch.__version__, "awq_inductor": __version__,
-            "kernel_sources": codegen.templates_hash()[:16]}
+            "kernel_sources": codegen.templates_hash()[:16], "tuner": tuner_hash()}
 
 
 @functools.lru_cache(maxsize=None)

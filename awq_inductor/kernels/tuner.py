@@ -64,6 +64,13 @@ SMALL_COLUMNS = 128
 #: M = 1024 / 2048 of another.
 LARGE_M = 128
 LARGE_COLUMNS = 1024
+#: Up to this many rows (decode) a call reads its weights from DRAM (each layer's weights are evicted
+#: by the other layers between tokens), so these buckets are timed over cold copies of the slice,
+#: COLD_BYTES of them used in rotation. Timed hot, the AMX groups path and the decode kernel tied at
+#: M = 1 on the AMX Xeon (0.628 / 0.631 ms predicted, 4096 x 11008) and the plan took AMX; cold, the
+#: decode kernel was 1.3x faster (1.20 / 1.55 ms at full size): its prefetch hides DRAM latency better.
+COLD_MAX_M = 8
+COLD_BYTES = 256 << 20
 #: Timed again, a bucket's fastest path must agree with its first time within this fraction.
 NOISE = 0.25
 #: A measured plan replaces the constants only if it is this much better in total (summed
@@ -102,12 +109,16 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     slices = {n: _random_weights(op, K, n, G) for n in {wide, narrow, large}}
     kern = native.get_kernel(op.name, x_dtype, isa)
     xs: Dict[int, torch.Tensor] = {}
+    cold = _ColdWeights(slices[wide][0], {n: op.columns(n) // 32 for n in (wide, narrow)})
 
     def run(path: str, plan: Plan, M: int, n: int):
         x = xs[M]
+        weights = list(slices[n])  # the packed weight first, then the scheme's scales, zeros, ...
+        if M <= COLD_MAX_M and n in (wide, narrow):
+            weights[0] = cold.next(n)
         if path == "dense":
-            return dense.dense_call(op, x, *slices[n], None, G, n)
-        return kern(x, *slices[n], None, G, n, plan=plan)
+            return dense.dense_call(op, x, *weights, None, G, n)
+        return kern(x, *weights, None, G, n, plan=plan)
 
     warmed = set()
 
@@ -117,6 +128,8 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
         # dominate the tuning time)
         if M not in xs:  # made before the clock starts (torch.randn of 2048 x 4096 takes ~30 ms)
             xs[M] = torch.randn(M, K).to(x_dtype)
+        if M <= COLD_MAX_M:
+            cold.make()
         if path == "dense" and (M, n) not in warmed:
             # oneDNN creates (JIT-compiles) its GEMM for each new shape on the first call: on the
             # idle Zen 4 VM that first call made dense at K = N = 4096 predict 33.9 ms at M = 128
@@ -151,6 +164,29 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
 #: 2-core AMX Xeon (K 11008, N 4096) it took 2.0x / 2.4x the AMX path at M = 32 / 64, was dropped,
 #: and never timed where it wins: 0.60x at M = 2048 (benchmarks/results/report_llama7b_amx.md).
 NEVER_DROPPED = ("dense",)
+
+
+class _ColdWeights:
+    """Copies of a slice's packed weight, COLD_BYTES in all, handed out in rotation: every call of a
+    cold bucket reads weights evicted since their last use. A narrower slice is the first panels of
+    a copy (panels are the outer dimension of the packed layout); scales and zeros stay the slice's
+    own (1/16 of the bytes)."""
+
+    def __init__(self, qweight: torch.Tensor, panels: Dict[int, int]):
+        self.qweight, self.panels = qweight, panels
+        self.copies: List[torch.Tensor] = []
+        self.i = 0
+
+    def make(self) -> None:
+        """The copies (once; before a clock starts): only tunes with decode buckets pay for them."""
+        if not self.copies:
+            count = max(2, COLD_BYTES // max(1, self.qweight.nbytes))
+            self.copies = [self.qweight.clone() for _ in range(count)]
+
+    def next(self, n: int) -> torch.Tensor:
+        self.make()
+        self.i = (self.i + 1) % len(self.copies)
+        return self.copies[self.i][: self.panels[n]]
 
 
 def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_BUCKETS) -> Dict[str, Dict[int, float]]:
