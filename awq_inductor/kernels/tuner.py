@@ -65,10 +65,12 @@ SMALL_COLUMNS = 128
 LARGE_M = 128
 LARGE_COLUMNS = 1024
 #: Up to this many rows (decode) a call reads its weights from DRAM (each layer's weights are evicted
-#: by the other layers between tokens), so these buckets are timed over cold copies of the slice,
-#: COLD_BYTES of them used in rotation. Timed hot, the AMX groups path and the decode kernel tied at
-#: M = 1 on the AMX Xeon (0.628 / 0.631 ms predicted, 4096 x 11008) and the plan took AMX; cold, the
-#: decode kernel was 1.3x faster (1.20 / 1.55 ms at full size): its prefetch hides DRAM latency better.
+#: by the other layers between tokens), so these buckets are timed at full size over cold copies of
+#: the whole weight, COLD_BYTES of them used in rotation (no slices: a few milliseconds per call).
+#: Timed hot, the AMX groups path and the decode kernel tied at M = 1 on the AMX Xeon (0.628 / 0.631
+#: ms predicted, 4096 x 11008) and the plan took AMX; cold, the decode kernel was 1.3x faster (1.20 /
+#: 1.55 ms). Cold slices predicted no better (the fp32 row kernel 1.33 ms, 2.8 at full size): a
+#: 128-column slice is one tile per thread, all prefetch ramp-up.
 COLD_MAX_M = 8
 COLD_BYTES = 256 << 20
 #: Timed again, a bucket's fastest path must agree with its first time within this fraction.
@@ -109,13 +111,11 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
     slices = {n: _random_weights(op, K, n, G) for n in {wide, narrow, large}}
     kern = native.get_kernel(op.name, x_dtype, isa)
     xs: Dict[int, torch.Tensor] = {}
-    cold = _ColdWeights(slices[wide][0], {n: op.columns(n) // 32 for n in (wide, narrow)})
+    cold = _ColdWeights(lambda: _random_weights(op, K, out_features, G))
 
     def run(path: str, plan: Plan, M: int, n: int):
         x = xs[M]
-        weights = list(slices[n])  # the packed weight first, then the scheme's scales, zeros, ...
-        if M <= COLD_MAX_M and n in (wide, narrow):
-            weights[0] = cold.next(n)
+        weights = list(cold.next() if n == out_features else slices[n])  # packed weight, scales, zeros, ...
         if path == "dense":
             return dense.dense_call(op, x, *weights, None, G, n)
         return kern(x, *weights, None, G, n, plan=plan)
@@ -147,6 +147,8 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
         return best
 
     def timer(path: str, plan: Plan, M: int) -> float:
+        if M <= COLD_MAX_M:
+            return once(path, plan, M, out_features)
         if M >= LARGE_M:
             return once(path, plan, M, large) * n_full / (large * cpo)
         t_wide = once(path, plan, M, wide)
@@ -167,26 +169,26 @@ NEVER_DROPPED = ("dense",)
 
 
 class _ColdWeights:
-    """Copies of a slice's packed weight, COLD_BYTES in all, handed out in rotation: every call of a
-    cold bucket reads weights evicted since their last use. A narrower slice is the first panels of
-    a copy (panels are the outer dimension of the packed layout); scales and zeros stay the slice's
-    own (1/16 of the bytes)."""
+    """Copies of a shape's packed weights (COLD_BYTES of packed weight in all, scales and zeros
+    shared), made on first use and handed out in rotation: every call reads a weight evicted since
+    its last use, as decode does."""
 
-    def __init__(self, qweight: torch.Tensor, panels: Dict[int, int]):
-        self.qweight, self.panels = qweight, panels
-        self.copies: List[torch.Tensor] = []
+    def __init__(self, make_weights: Callable[[], tuple]):
+        self.make_weights = make_weights
+        self.copies: List[tuple] = []
         self.i = 0
 
     def make(self) -> None:
         """The copies (once; before a clock starts): only tunes with decode buckets pay for them."""
         if not self.copies:
-            count = max(2, COLD_BYTES // max(1, self.qweight.nbytes))
-            self.copies = [self.qweight.clone() for _ in range(count)]
+            qw, *rest = self.make_weights()
+            count = max(2, COLD_BYTES // max(1, qw.nbytes))
+            self.copies = [(qw, *rest)] + [(qw.clone(), *rest) for _ in range(count - 1)]
 
-    def next(self, n: int) -> torch.Tensor:
+    def next(self) -> tuple:
         self.make()
         self.i = (self.i + 1) % len(self.copies)
-        return self.copies[self.i][: self.panels[n]]
+        return self.copies[self.i]
 
 
 def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_BUCKETS) -> Dict[str, Dict[int, float]]:
