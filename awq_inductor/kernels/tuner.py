@@ -73,6 +73,10 @@ LARGE_COLUMNS = 1024
 #: 128-column slice is one tile per thread, all prefetch ramp-up.
 COLD_MAX_M = 8
 COLD_BYTES = 256 << 20
+# (The dense candidate is timed at full size from LARGE_M rows too: a slice's dequantized block stays
+# in cache, the full weight's goes to DRAM and back. On the AMX Xeon, 4096 x 4096, M = 512, the
+# 1024-column slice predicted dense at 10.1 ms and the AMX path at 12.0; full size they ran 15.6
+# and 13.0, and the plan had taken dense.)
 #: Timed again, a bucket's fastest path must agree with its first time within this fraction.
 NOISE = 0.25
 #: A measured plan replaces the constants only if it is this much better in total (summed
@@ -147,7 +151,7 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
         return best
 
     def timer(path: str, plan: Plan, M: int) -> float:
-        if M <= COLD_MAX_M:
+        if M <= COLD_MAX_M or (path == "dense" and M >= LARGE_M):
             return once(path, plan, M, out_features)
         if M >= LARGE_M:
             return once(path, plan, M, large) * n_full / (large * cpo)
