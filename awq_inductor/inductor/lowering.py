@@ -192,33 +192,6 @@ def remember_vec_isa_probes() -> bool:
     return True
 
 
-def warm_vec_isa(workers: int = 2) -> int:
-    """Run Inductor's vector-ISA checks ``workers`` at a time (each candidate the CPU's flags allow:
-    a dry compile and the dlopen probe), so that ``pick_vec_isa()`` finds their results cached.
-    Returns the number of candidates checked.
-
-    Why: ``valid_vec_isa_list()`` checks them one after another, and on a fresh cache each check
-    compiles up to three probe libraries: 10 g++ runs, 7.2 s of wall time from the first
-    ``generate`` of ``python -m awq_inductor`` (2 cores, ``PATH`` g++ wrapper log), 8.2 s to 16.6 s
-    after the start, the first kernel compile waiting for them. Run from a background thread as
-    soon as the model is compiled (:func:`awq_inductor.integrations.generation.prebuild_native_kernels`),
-    two at a time, they overlap Dynamo's trace and each other. Thread-safe: Inductor locks each
-    probe library's file, and the checks are memoised per ISA object."""
-    import platform
-    from concurrent.futures import ThreadPoolExecutor
-
-    from torch._inductor import cpu_vec_isa
-
-    remember_vec_isa_probes()
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return 0
-    flags = cpu_vec_isa.x86_isa_checker()
-    todo = [isa for isa in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(isa).split())]
-    with ThreadPoolExecutor(max(1, workers), thread_name_prefix="awq-vec-isa") as pool:
-        list(pool.map(bool, todo))
-    return len(todo)
-
-
 _SAID: set = set()
 
 

@@ -98,7 +98,7 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
     stable_cache_strides()
     normalize_generation_inputs(model)
     warn_once_on_recompile_limit()
-    prebuild_native_kernels(model, inductor=_is_inductor(backend))
+    prebuild_native_kernels(model)
     if regional:
         from . import regional as regions
 
@@ -130,29 +130,16 @@ def _native_kernels_of(model: nn.Module) -> list:
     return out
 
 
-def _is_inductor(backend) -> bool:
-    """Whether ``backend`` compiles through Inductor's C++ code (ours or Inductor itself)."""
-    from ..inductor.backend import BACKEND_NAME, awq_inductor_backend
-
-    return backend in (BACKEND_NAME, "inductor", awq_inductor_backend)
-
-
-def _warm_vec_isa() -> None:
-    from ..inductor import lowering
-
-    lowering.warm_vec_isa()
-
-
-def prebuild_native_kernels(model: nn.Module, inductor: bool = False) -> Optional[threading.Thread]:
-    """Build what the first compile and the compiled graphs will need in a background thread,
-    while Dynamo traces (one Python thread: the second core is idle then): with ``inductor``,
-    Inductor's vector-ISA checks first (:func:`awq_inductor.inductor.lowering.warm_vec_isa`, needed
-    before the first graph is lowered), then the C++ kernels the graphs call as ops. Why: on a
-    fresh machine they were built one after another inside the first ``generate`` (tiny Llama, 2
-    cores: prefill attention 5.6 s, head GEMV 1.2 s, decode attention 1.2 s, at load average 8;
-    the ISA checks 7.2 s at load ~1). A build that fails here is retried, and raises, at the first
-    call, as before."""
-    builds = ([_warm_vec_isa] if inductor else []) + _native_kernels_of(model)
+def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
+    """Build the C++ kernels the compiled graphs will call in a background thread, while Dynamo
+    traces (one Python thread: the second core is idle then). Why: on a fresh machine they were
+    built one after another inside the first ``generate`` (tiny Llama, 2 cores: prefill attention
+    5.6 s, head GEMV 1.2 s, decode attention 1.2 s, at load average 8). A build that fails here is
+    retried, and raises, at the first call, as before. Inductor's vector-ISA checks (7.2 s of 10
+    g++ runs on a fresh cache) are NOT run here: run 2 at a time beside the main thread's own
+    check, a cold 32-layer run once compiled its graphs for another ISA than the next process
+    picked (that one recompiled: 14.6 s), so they stay in Inductor's sequential order."""
+    builds = _native_kernels_of(model)
     if not builds:
         return None
 
