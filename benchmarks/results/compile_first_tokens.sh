@@ -1,4 +1,5 @@
 #!/bin/bash
+# QUIET="benchmarks/quiet.sh" waits for a quiet machine before each run (what the committed table used).
 # Cold / warm time to the first 32 tokens, 4 and 32 layers, each MODE (default: whole regional; whole =
 # the compile before issue #23, regional = compile_for_generate's default), a fresh HOME +
 # TORCHINDUCTOR_CACHE_DIR per (mode, layers): the first run is cold, the second warm. Each run holds
