@@ -241,3 +241,28 @@ def test_bf16_linear_stays_aten_without_the_gemv(monkeypatch):
                                                     backend="awq_inductor"), x)
     assert "bf16_linear" not in "\n".join(codes)
     torch.testing.assert_close(out, torch.nn.functional.linear(x, w))
+
+
+def test_vec_isa_probe_is_remembered_beside_its_library(monkeypatch, tmp_path):
+    """A dlopen probe of Inductor's vector-ISA check that passed once is not spawned again (its marker
+    sits beside the probe library); one that failed leaves no marker and runs again."""
+    import subprocess
+
+    from torch._inductor.cpu_vec_isa import VecAVX2, VecISA
+
+    from awq_inductor.inductor import lowering
+
+    assert lowering.remember_vec_isa_probes() and lowering.remember_vec_isa_probes()  # idempotent
+    children = []
+
+    def child(cmd, **kw):
+        children.append(cmd)
+        if "bad" in cmd[-1]:
+            raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setattr(subprocess, "run", child)
+    good, bad = str(tmp_path / "good.so"), str(tmp_path / "bad.so")
+    assert VecISA._probe_load(VecAVX2(), good) and VecISA._probe_load(VecAVX2(), good)
+    assert len(children) == 1 and (tmp_path / ("good.so" + lowering.PROBE_OK_SUFFIX)).exists()
+    assert not VecISA._probe_load(VecAVX2(), bad) and not VecISA._probe_load(VecAVX2(), bad)
+    assert len(children) == 3 and not (tmp_path / ("bad.so" + lowering.PROBE_OK_SUFFIX)).exists()

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 from pathlib import Path
 from typing import Optional
 from unittest.mock import patch
@@ -141,11 +142,71 @@ def install_cpu_key_pass() -> None:
         codegen_common.custom_backend_passes["cpu"] = AwqCpuKeyPass(current)
 
 
+#: beside a probe library of Inductor's vector-ISA check: a child process dlopen-ed it (its content:
+#: the torch lib dir the child bound against)
+PROBE_OK_SUFFIX = ".awq-dlopen-ok"
+
+
+def remember_vec_isa_probes() -> bool:
+    """Skip the dlopen probes of Inductor's vector-ISA check that an earlier process passed.
+
+    Why: ``pick_vec_isa()`` checks each candidate ISA by building a tiny .so (cached in
+    ``TORCHINDUCTOR_CACHE_DIR``) and then, in every process, spawning a child Python that dlopens
+    it: 10 children, 1.22 s of a 3.7 s warm first ``generate`` (cProfile, tiny Llama, 4 layers, 2
+    cores; :func:`tune_graph` is the first caller). A passed probe now leaves a marker beside the
+    .so; a process that finds it, for the same .so (its name hashes the probe code, the ISA flags,
+    the compiler's version and torch's) and the same torch lib dir, skips the child. A failed probe
+    leaves none and is retried in each process, as before. Idempotent; False (said once) where
+    torch has no ``VecISA._probe_load`` to wrap."""
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    probe = getattr(VecISA, "_probe_load", None)
+    if probe is None:
+        _say_once("awq_inductor: torch %s has no VecISA._probe_load; Inductor's vector-ISA dlopen "
+                  "probes run again in every process (about 1 s)", torch.__version__)
+        return False
+    if getattr(probe, "_awq_remembered", False):
+        return True
+    torch_lib = str(Path(torch.__file__).parent / "lib")
+
+    @functools.wraps(probe)
+    def probe_load(self, output_path: str) -> bool:
+        marker = Path(output_path + PROBE_OK_SUFFIX)
+        try:
+            if marker.read_text() == torch_lib:
+                return True
+        except OSError:
+            pass
+        ok = probe(self, output_path)
+        if ok:
+            tmp = marker.with_name(f"{marker.name}.{os.getpid()}")
+            try:
+                tmp.write_text(torch_lib)
+                os.replace(tmp, marker)
+            except OSError:  # a read-only cache: the next process probes again, as before
+                pass
+        return ok
+
+    probe_load._awq_remembered = True
+    VecISA._probe_load = probe_load
+    return True
+
+
+_SAID: set = set()
+
+
+def _say_once(msg: str, *args) -> None:
+    if msg not in _SAID:
+        _SAID.add(msg)
+        log.warning(msg, *args)
+
+
 def _inductor_isa() -> str:
     """The most capable of our ISAs whose Inductor vector ISA (``Isa.inductor_vec_isa``) is the one
     ``pick_vec_isa()`` compiles for (or a subclass of it: VecAMX is a VecAVX512)."""
     if _MISSING_API is not None:  # no template will be generated; the key stays computable
         return "portable"
+    remember_vec_isa_probes()
     vec = pick_vec_isa()  # also requests the AMX permission where Inductor uses AMX
     classes = {"VecAMX": VecAMX, "VecAVX512": VecAVX512}
     fits = [i for i in isa_mod.REGISTRY.values()
@@ -433,6 +494,7 @@ def install() -> None:
     for mop in MOE_OPS.values():
         L.register_lowering(mop.torch_op.default, type_promotion_kind=None)(_moe_lowering_of(mop))
     install_cpu_key_pass()
+    remember_vec_isa_probes()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -135,7 +135,10 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
     traces (one Python thread: the second core is idle then). Why: on a fresh machine they were
     built one after another inside the first ``generate`` (tiny Llama, 2 cores: prefill attention
     5.6 s, head GEMV 1.2 s, decode attention 1.2 s, at load average 8). A build that fails here is
-    retried, and raises, at the first call, as before."""
+    retried, and raises, at the first call, as before. Inductor's vector-ISA checks (7.2 s of 10
+    g++ runs on a fresh cache) are NOT run here: run 2 at a time beside the main thread's own
+    check, a cold 32-layer run once compiled its graphs for another ISA than the next process
+    picked (that one recompiled: 14.6 s), so they stay in Inductor's sequential order."""
     builds = _native_kernels_of(model)
     if not builds:
         return None

@@ -106,20 +106,30 @@ def _compiled_step(compile_kwargs: dict) -> Callable:
     return torch.compile(_run_layer, isolate_recompiles=True, **compile_kwargs)
 
 
-def _without_duck_shapes(forward: Callable) -> Callable:
-    """``forward`` with Dynamo's duck shaping off while it runs (read when a trace starts). Why:
-    duck shaping gives equal sizes one symbol, so a batch of 2 shared the symbol of the 2 key-value
-    heads, the head count's reshape pinned it to 2 and batch 3 compiled another graph (measured on
-    the 2-head tiny Llama: 5 graphs for the sequence that needs 4 without it)."""
-    if getattr(forward, "_awq_no_duck_shapes", False):
+def trace_settings(forward: Callable) -> Callable:
+    """``forward`` with two Dynamo settings patched while it runs (both are read when a trace
+    starts; the model's forward wraps every layer call):
+
+    * duck shaping off. Why: it gives equal sizes one symbol, so a batch of 2 shared the symbol of
+      the 2 key-value heads, the head count's reshape pinned it to 2 and batch 3 compiled another
+      graph (measured on the 2-head tiny Llama: 5 graphs for the sequence that needs 4 without it);
+    * ``specialize_float``: a layer's float attributes (RMSNorm's ``variance_epsilon``, the
+      attention's ``scaling``) are constants, not symbolic graph inputs. Why: Dynamo traced them
+      as symbols, our attention op takes ``scaling`` as a Python float, Inductor's tensorify pass
+      could not turn it into a tensor and restarted Dynamo's analysis: every prefill graph was
+      traced twice (tiny Llama, warm caches: 0.6 s of the first ``generate``; ``TORCH_LOGS=dynamo``
+      "Restarting analysis due to _tensorify_python_scalars"). Every layer of a kind holds the
+      same values (a per-layer value would be a guard failure, named by the recompile alarm)."""
+    if getattr(forward, "_awq_trace_settings", False):
         return forward
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        with torch.fx.experimental._config.patch(use_duck_shape=False):
+        with torch.fx.experimental._config.patch(use_duck_shape=False), \
+                torch._dynamo.config.patch(specialize_float=True):
             return forward(*args, **kwargs)
 
-    run._awq_no_duck_shapes = True
+    run._awq_trace_settings = True
     return run
 
 
@@ -160,7 +170,7 @@ def compile_regions(model: nn.Module, backend="awq_inductor", dynamic: Optional[
             step = steps[kind]
             layer.forward = _regional_forward(layer.forward, step, layer_index(layer, position))
             kinds.setdefault(kind, []).append(position)
-    model.forward = _without_duck_shapes(model.forward)
+    model.forward = trace_settings(model.forward)
     log.info("regional compile: %d layers, %d kinds", sum(map(len, kinds.values())), len(kinds))
     return kinds
 
@@ -176,7 +186,7 @@ def restore(model: nn.Module) -> int:
             if original is not None:
                 _put_back(layer, original)
                 n += 1
-    if getattr(model.forward, "_awq_no_duck_shapes", False):
+    if getattr(model.forward, "_awq_trace_settings", False):
         _put_back(model, model.forward.__wrapped__)
     return n
 
