@@ -154,6 +154,12 @@ def test_sources_hash_covers_j2_files(monkeypatch, tmp_path):
         h1 = lowering.sources_hash()
 
 
+def test_sources_hash_reads_files_that_exist():
+    files = lowering.hashed_sources()
+    assert all(f.is_file() for f in files), [str(f) for f in files if not f.is_file()]
+    assert {"plan.py", "moe.py", "lowering.py"} <= {f.name for f in files}
+
+
 def test_entry_point_without_importing_package():
     """torch.compile(backend="awq_inductor") resolves through the pyproject entry point."""
     from importlib.metadata import entry_points

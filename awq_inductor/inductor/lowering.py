@@ -68,18 +68,24 @@ def templates_dir() -> Path:
     return Path(str(codegen.template_dir()))
 
 
+def hashed_sources() -> list:
+    """The files :func:`sources_hash` reads (tests check that each exists: a moved module was once
+    hashed as "<missing>", so edits to it no longer changed the key)."""
+    kernels = Path(codegen.__file__).resolve().parent
+    return sorted(templates_dir().rglob("*.j2")) + [Path(__file__).resolve()] + [
+        kernels / f for f in ("codegen.py", "cache_key.py", "isa.py", "plan.py")] + [kernels.parent / "ops" / "moe.py"]
+
+
 def sources_hash() -> str:
-    """sha256 over csrc_templates/**/*.j2, this file, kernels/{codegen,cache_key,isa}.py, moe.py (the
-    MoE template's plan lookup) and codegen.templates_hash().
+    """sha256 over csrc_templates/**/*.j2, this file, kernels/{codegen,cache_key,isa,plan}.py (plan.py:
+    the constants rendered into the templates, e.g. AMX_GROUPS_MAX_M, and the Thresholds fields),
+    ops/moe.py (the MoE template's plan lookup) and codegen.templates_hash().
 
     Used as the uuid of the FX-graph-cache pass (see :func:`cache_pass`): Inductor's FX cache key
     does not cover third-party lowerings, so without it an edited template hits stale code.
     """
     h = hashlib.sha256()
-    kernels = Path(codegen.__file__).resolve().parent
-    files = sorted(templates_dir().rglob("*.j2")) + [Path(__file__).resolve()] + [
-        kernels / f for f in ("codegen.py", "cache_key.py", "isa.py")] + [kernels.parent / "moe.py"]
-    for f in files:
+    for f in hashed_sources():
         h.update(f.name.encode())
         try:
             h.update(f.read_bytes())
