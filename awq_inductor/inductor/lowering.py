@@ -21,6 +21,7 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Optional
 from unittest.mock import patch
@@ -50,7 +51,7 @@ except ImportError as e:
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraphPass  # noqa: E402  (public)
 
 from .. import config as awq_config
-from ..kernels import cache_key, codegen, isa as isa_mod, tuning_cache
+from ..kernels import background, cache_key, codegen, isa as isa_mod, tuning_cache
 from ..kernels.plan import NEVER, Plan
 from ..ops.moe import expert_plans
 from ..kernels.toolchain import require_cxx
@@ -198,6 +199,82 @@ def remember_vec_isa_probes() -> bool:
     return True
 
 
+
+def serialize_vec_isa_checks() -> None:
+    """Let one thread at a time run Inductor's vector-ISA checks (``valid_vec_isa_list``); the
+    others wait for its result. Why: ``VecAVX512.__bool__`` checks bf16 support by appending
+    ``-mavx512bf16`` to the shared ISA object's flags for the length of a g++ run; a second thread
+    checking meanwhile builds and keys with those flags (a background check run beside the main
+    thread's once made a cold 32-layer run compile its graphs for another ISA than the next process
+    picked). With the lock, :func:`warm_compiler` in a background thread and Inductor's own first
+    check wait for each other. Idempotent."""
+    from torch._inductor import cpu_vec_isa
+
+    checks = cpu_vec_isa.valid_vec_isa_list
+    if getattr(checks, "_awq_serialized", False):
+        return
+    lock = threading.Lock()
+
+    @functools.wraps(checks)
+    def valid_vec_isa_list():
+        with lock:
+            return checks()
+
+    valid_vec_isa_list._awq_serialized = True
+    valid_vec_isa_list.cache_clear = checks.cache_clear
+    cpu_vec_isa.valid_vec_isa_list = valid_vec_isa_list
+
+
+#: A kernel as Inductor writes them (its prefix header, a vectorized type): building it through
+#: Inductor's own code cache runs the one-time steps its first real kernel would (see warm_compiler).
+_WARM_KERNEL = """#include <torch/csrc/inductor/cpp_prefix.h>
+extern "C" void kernel(const int64_t ks0) {
+  at::vec::Vectorized<float> v(static_cast<float>(ks0));
+  (void)v;
+}
+"""
+
+
+def _isa_checks_yield_to_tuner() -> None:
+    """Make each g++ run of Inductor's vector-ISA checks a :func:`background.build_step` (it waits
+    while the tuner measures; a no-op outside background threads). Idempotent."""
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    check = VecISA.check_build
+    if getattr(check, "_awq_yields", False):
+        return
+
+    @functools.wraps(check)
+    def check_build(self, code: str) -> bool:
+        with background.build_step():
+            return check(self, code)
+
+    check_build._awq_yields = True
+    VecISA.check_build = check_build
+
+
+def warm_compiler() -> Optional[str]:
+    """Run now what Inductor does once per machine before its first CPU kernel: the vector-ISA
+    checks (6 g++ runs and dlopen probes on Zen 4, 7.7 s on 2 cores) and the precompiled header
+    of ``cpp_prefix.h`` (6.7 s), by building one trivial vectorized kernel through
+    ``CppPythonBindingsCodeCache``, the path and flags of Inductor's own kernels (so the header's
+    cache key is theirs). Meant for a background thread
+    (:func:`awq_inductor.integrations.generation.warm_inductor`): each g++ run waits while the
+    tuner measures. A no-op once both are cached (the probes are remembered, the header and the
+    kernel sit in Inductor's caches). Returns the ISA picked, None where our lowering cannot
+    install."""
+    if _MISSING_API is not None:
+        return None
+    remember_vec_isa_probes()
+    serialize_vec_isa_checks()
+    _isa_checks_yield_to_tuner()
+    vec = pick_vec_isa()
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+    with background.build_step():
+        CppPythonBindingsCodeCache.load_pybinding(["const int64_t"], _WARM_KERNEL)
+    return str(vec)
+
 _SAID: set = set()
 
 
@@ -213,6 +290,7 @@ def _inductor_isa() -> str:
     if _MISSING_API is not None:  # no template will be generated; the key stays computable
         return "portable"
     remember_vec_isa_probes()
+    serialize_vec_isa_checks()
     vec = pick_vec_isa()  # also requests the AMX permission where Inductor uses AMX
     classes = {"VecAMX": VecAMX, "VecAVX512": VecAVX512}
     fits = [i for i in isa_mod.REGISTRY.values()
@@ -501,6 +579,7 @@ def install() -> None:
         L.register_lowering(mop.torch_op.default, type_promotion_kind=None)(_moe_lowering_of(mop))
     install_cpu_key_pass()
     remember_vec_isa_probes()
+    serialize_vec_isa_checks()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,7 +32,12 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..kernels import background
+
 log = logging.getLogger(__name__)
+
+#: Backends that generate no C++: nothing of Inductor's to warm up for them.
+_NO_CPP_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
 
 _STABLE_STRIDES = False
 
@@ -98,6 +103,8 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
     stable_cache_strides()
     normalize_generation_inputs(model)
     warn_once_on_recompile_limit()
+    if backend not in _NO_CPP_BACKENDS:
+        warm_inductor()
     prebuild_native_kernels(model)
     if regional:
         from . import regional as regions
@@ -135,10 +142,7 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
     traces (one Python thread: the second core is idle then). Why: on a fresh machine they were
     built one after another inside the first ``generate`` (tiny Llama, 2 cores: prefill attention
     5.6 s, head GEMV 1.2 s, decode attention 1.2 s, at load average 8). A build that fails here is
-    retried, and raises, at the first call, as before. Inductor's vector-ISA checks (7.2 s of 10
-    g++ runs on a fresh cache) are NOT run here: run 2 at a time beside the main thread's own
-    check, a cold 32-layer run once compiled its graphs for another ISA than the next process
-    picked (that one recompiled: 14.6 s), so they stay in Inductor's sequential order."""
+    retried, and raises, at the first call, as before."""
     builds = _native_kernels_of(model)
     if not builds:
         return None
@@ -146,16 +150,33 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
     def run():
         for build in builds:
             try:
-                build()
+                with background.build_step():
+                    build()
             except Exception as e:  # noqa: BLE001  (the first call raises it with its context)
                 log.debug("awq_inductor: prebuilding %s failed: %s", build.__module__, e)
 
-    # not a daemon: interpreter shutdown waits for it instead of tearing down a thread inside a
-    # build or a dlopen (a daemon one ended a 2-rank TP run with "terminate called without an
-    # active exception" once in a CI rehearsal)
-    thread = threading.Thread(target=run, name="awq-prebuild", daemon=False)
-    thread.start()
-    return thread
+    return background.start("awq-prebuild", run)
+
+
+_inductor_warmed = False
+
+
+def warm_inductor() -> Optional[threading.Thread]:
+    """Start, in a background thread, what Inductor does once per machine before its first CPU
+    kernel: its vector-ISA checks and its precompiled header
+    (:func:`awq_inductor.inductor.lowering.warm_compiler`), so that they overlap Dynamo's tracing
+    and the lowering instead of following them. Why: cold, they were 7.7 s and 6.7 s of the tiny
+    Llama demo's first token on the 2-core Zen 4 VM, each run serially inside the first
+    ``generate``. Once per process; None where Inductor's cache already holds both (then the
+    thread would only confirm it: 0.1 s)."""
+    global _inductor_warmed
+    if _inductor_warmed:
+        return None
+    _inductor_warmed = True
+    from ..inductor import lowering
+
+    lowering.serialize_vec_isa_checks()  # before the thread: Inductor's own check waits for it
+    return background.start("awq-warm-inductor", lowering.warm_compiler)
 
 
 def uncompile(model: nn.Module) -> nn.Module:

@@ -45,7 +45,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ..schemes import OPS, W4A8, Op
-from . import dense, native
+from . import background, dense, native
 from .plan import NEVER, Plan, candidate_of, candidates, default_plan, path_for
 
 log = logging.getLogger(__name__)
@@ -241,11 +241,12 @@ def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int
     m_buckets = list(m_buckets)
     cands = candidates(op, isa, x_dtype)
     timer = timer or kernel_timer(op, isa, x_dtype, K, out_features, G)
-    times = measure(cands, timer, m_buckets)
-    # the second timing of each bucket's two best paths enters the choice: paths within a few
-    # percent of each other (the panel kernel and oneDNN from M = 128 on Zen 4) were otherwise
-    # decided by one sample's noise
-    noisy = noisy_buckets(cands, times, timer)
+    with background.quiet_for_timing():
+        times = measure(cands, timer, m_buckets)
+        # the second timing of each bucket's two best paths enters the choice: paths within a few
+        # percent of each other (the panel kernel and oneDNN from M = 128 on Zen 4) were otherwise
+        # decided by one sample's noise
+        noisy = noisy_buckets(cands, times, timer)
     plan = choose(op, isa, x_dtype, times)
     if 4 * len(noisy) > len(m_buckets):
         log.warning("awq_inductor: kernel timings of %s K=%d N=%d are not repeatable (M = %s differ by more "
@@ -313,9 +314,10 @@ def tune_decode_prefetch(isa: str, timer: Optional[Callable[[int], float]] = Non
     and is marked noisy. ``timer`` (tests): distance -> seconds per call."""
     timer = timer or _cold_decode_timer(isa)
     times: Dict[int, List[float]] = {pf: [] for pf in PREFETCH_CANDIDATES}
-    for _ in range(PREFETCH_ROUNDS):
-        for pf in PREFETCH_CANDIDATES:
-            times[pf].append(timer(pf))
+    with background.quiet_for_timing():
+        for _ in range(PREFETCH_ROUNDS):
+            for pf in PREFETCH_CANDIDATES:
+                times[pf].append(timer(pf))
     med = {pf: statistics.median(t) for pf, t in times.items()}
     best = min(med, key=med.get)
     wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[0]))

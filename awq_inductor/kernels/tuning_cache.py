@@ -24,7 +24,7 @@ from .. import config
 from ..schemes import Op
 from .. import families
 from ..schemes import GATE_UP_SILU, LINEAR, op_for
-from . import cache_key, native, tuner
+from . import background, cache_key, native, tuner
 from .plan import DEFAULT_DECODE_PREFETCH, NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -263,13 +263,19 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     isa = isa_mod.select()
     if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
         return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
-    if x_dtype == torch.bfloat16:
-        decode_prefetch(isa)  # once per machine: measured here, at load, where not cached
     path, n = cache_path(), threads()
     todo = [s for s in dict.fromkeys(shapes)
             if (n, s.key(isa, x_dtype)) not in _memo and _cached(path, s.key(isa, x_dtype)) is None]
-    for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
-        _measure(s, isa, x_dtype)
+    # the kernels are built first, beside any background build (a g++ each); then one quiet block
+    # for all the timing, so a background build cannot start between two shapes and hold up the next
+    decode_op = [op_for(None, LINEAR).name] if x_dtype == torch.bfloat16 else []  # the prefetch measurement's
+    for name in dict.fromkeys(decode_op + [s.op.name for s in todo]):
+        native.get_kernel(name, x_dtype, isa)
+    with background.quiet_for_timing():
+        if x_dtype == torch.bfloat16:
+            decode_prefetch(isa)  # once per machine: measured here, at load, where not cached
+        for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
+            _measure(s, isa, x_dtype)
     return len(todo)
 
 

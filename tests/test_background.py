@@ -1,0 +1,126 @@
+"""Background C++ builds and the tuner's clock (kernels.background), and the Inductor warm-up
+(inductor.lowering.warm_compiler) that runs in one."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from awq_inductor.kernels import background
+
+
+def test_a_background_build_step_waits_while_the_tuner_measures():
+    events = []
+    measuring = threading.Event()
+    released = threading.Event()
+
+    def timing():
+        with background.quiet_for_timing():
+            measuring.set()
+            released.wait(5)
+            events.append("timing done")
+
+    tuner = threading.Thread(target=timing)
+    tuner.start()
+    measuring.wait(5)
+
+    def build():
+        with background.build_step():
+            events.append("build")
+
+    t = background.start("test-build", build)
+    time.sleep(0.2)
+    assert events == []  # held back while the clock runs
+    released.set()
+    t.join(5)
+    tuner.join(5)
+    assert events == ["timing done", "build"]
+
+
+def test_the_tuner_waits_for_a_running_build_step():
+    events = []
+    building = threading.Event()
+
+    def build():
+        with background.build_step():
+            building.set()
+            time.sleep(0.3)
+            events.append("build done")
+
+    t = background.start("test-build", build)
+    building.wait(5)
+    with background.quiet_for_timing():
+        events.append("timing")
+    t.join(5)
+    assert events == ["build done", "timing"]
+
+
+def test_build_steps_of_the_main_thread_do_not_wait():
+    with background.quiet_for_timing():
+        with background.build_step():  # would deadlock if it counted here
+            pass
+
+
+def test_a_failing_background_build_is_not_raised_in_the_thread(caplog):
+    t = background.start("test-fail", lambda: 1 / 0)
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_tune_missing_times_inside_one_quiet_block(monkeypatch):
+    """The tuner at load holds background builds off for all its shapes, not shape by shape."""
+    import torch
+
+    from awq_inductor import config
+    from awq_inductor.kernels import isa as isa_mod, native, tuning_cache
+    from awq_inductor.schemes import GATE_UP_SILU, LINEAR, op_for
+
+    if not isa_mod.select().avx512_bf16 or native.emulated(isa_mod.select()):
+        pytest.skip("the tuner measures only where the AVX512-BF16 kernels run natively")
+    depth = []
+    monkeypatch.setattr(config, "tune", "auto")
+    monkeypatch.setattr(tuning_cache, "_cached", lambda path, key: None)
+    monkeypatch.setattr(tuning_cache, "_memo", {})
+    monkeypatch.setattr(tuning_cache, "decode_prefetch", lambda isa: depth.append(background._measuring))
+    monkeypatch.setattr(tuning_cache, "_measure", lambda s, isa, dt: depth.append(background._measuring))
+    monkeypatch.setattr(native, "get_kernel", lambda *a: depth.append(("built", background._measuring)))
+    shapes = [tuning_cache.Shape(op_for(None, LINEAR), 256, 256, 64),
+              tuning_cache.Shape(op_for(None, GATE_UP_SILU), 256, 512, 64)]
+    assert tuning_cache.tune_missing(shapes, torch.bfloat16, show=False) == 2
+    assert [d for d in depth if isinstance(d, tuple)] == [("built", 0), ("built", 0)]  # before the block
+    assert [d for d in depth if not isinstance(d, tuple)] == [1, 1, 1]  # prefetch + 2 shapes, one block
+
+
+def test_warm_compiler_picks_inductors_isa_and_leaves_its_header_built(tmp_path, monkeypatch):
+    """In a fresh process with fresh Inductor caches: the warm-up's ISA is Inductor's pick, and a
+    kernel compiled afterwards builds no second precompiled header."""
+    import os
+    import subprocess
+    import sys
+
+    code = r"""
+import torch, torch._inductor.codecache as cc
+from awq_inductor.inductor import lowering
+from awq_inductor.integrations.generation import warm_inductor
+built = []
+orig = cc._worker_compile_cpp
+cc._worker_compile_cpp = lambda lock, builders: (built.append(builders[0].get_target_file_path()), orig(lock, builders))[1]
+t = warm_inductor(); t.join()
+print("WARM PCH", [b for b in built if b.endswith(".gch")])
+built.clear()
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+f = torch.compile(lambda x: (x * 2).sin() + 1)
+f(torch.randn(64, 64))
+print("ISA", lowering.warm_compiler(), "|", pick_vec_isa())
+print("PCH", [b for b in built if b.endswith(".gch")])
+"""
+    env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    isa_line = next(l for l in out.stdout.splitlines() if l.startswith("ISA"))
+    warm, picked = isa_line[4:].split(" | ")
+    assert warm == picked
+    warm_pch = next(l for l in out.stdout.splitlines() if l.startswith("WARM PCH"))
+    assert warm_pch.count(".gch") == 1, out.stdout  # the warm-up built the header ...
+    assert "\nPCH []" in out.stdout, out.stdout  # ... that Inductor's own kernel then used
