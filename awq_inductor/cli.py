@@ -366,10 +366,10 @@ def main(argv=None) -> int:
     if tp_info:
         _log(f"tensor parallel: {args.tp} ranks (gloo), rank 0 on cores {tp_info['cores']}, "
              f"{tp_info['threads']} threads per rank")
-    if not args.no_compile:  # Inductor's one-time compiler set-up, beside the loading (warm_inductor)
+    if not args.no_compile:  # Inductor's ISA checks beside the loading (warm_inductor)
         from .integrations.generation import warm_inductor
 
-        warm_inductor()
+        warm_inductor(header=False)
     path = _model_path(args, tp_info)
     if tp_info and args.lm_head in ("int8", "int4"):
         raise SystemExit(f"--lm-head {args.lm_head} is not supported with --tp (the tensor-parallel head stays bf16)")

@@ -253,6 +253,51 @@ def _isa_checks_yield_to_tuner() -> None:
     VecISA.check_build = check_build
 
 
+def expected_vec_isa():
+    """A copy of the ISA object Inductor's ``pick_vec_isa()`` will return where its checks pass (the
+    first of its candidates the CPU's flags allow, with AVX512-BF16 where the CPU has it), taken
+    before any check runs (a check edits the shared object's flags); None off x86 or where
+    ``ATEN_CPU_CAPABILITY`` or ``cpp.simdlen`` steer the pick."""
+    import copy
+    import platform
+
+    from torch._inductor import config as iconfig, cpu_vec_isa
+
+    if (platform.machine() not in ("x86_64", "AMD64") or os.environ.get("ATEN_CPU_CAPABILITY")
+            or iconfig.cpp.simdlen is not None):
+        return None
+    flags = cpu_vec_isa.x86_isa_checker()
+    isa = next((i for i in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(i).split())), None)
+    if isa is None:
+        return None
+    expected = copy.copy(isa)
+    if isinstance(expected, VecAVX512):
+        expected._is_avx512_bf16_supported = torch.cpu._is_avx512_bf16_supported()
+    return expected
+
+
+def build_kernel_header(vec) -> None:
+    """Inductor's precompiled ``cpp_prefix.h`` for kernels built for ``vec``, with the arguments its
+    kernels' main build passes (``CppPythonBindingsCodeCache.load_async``, torch 2.13: -O3, no
+    separate optimized part): run in a background thread beside the ISA checks on the expected ISA
+    (:func:`expected_vec_isa`), so the two longest serial steps of a cold first compile overlap. A
+    wrong guess costs one unused header (its cache key has the flags); a right one is found by
+    Inductor's own call (same file, built once)."""
+    from torch._inductor import config as iconfig
+    from torch._inductor.codecache import CppPythonBindingsCodeCache, _precompile_header
+    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+    if not iconfig.cpp_cache_precompile_headers:
+        return
+    command = {**CppPythonBindingsCodeCache.cpp_compile_command_flags, "device_type": "cpu",
+               "extra_flags": (), "use_relative_path": iconfig.is_fbcode(), "vec_isa": vec}
+    option = CppTorchDeviceOptions(compile_only=False, min_optimize=False, **command)
+    cmd_line = CppBuilder(name="o", sources="i", BuildOption=option).get_command_line()
+    with background.build_step():
+        _precompile_header(CppPythonBindingsCodeCache._get_uncompiled_header("cpu"), cmd_line,
+                           min_optimize=False, **command)
+
+
 def warm_compiler() -> Optional[str]:
     """Run now what Inductor does once per machine before its first CPU kernel: the vector-ISA
     checks (6 g++ runs and dlopen probes on Zen 4, 7.7 s on 2 cores) and the precompiled header

@@ -158,25 +158,32 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
     return background.start("awq-prebuild", run)
 
 
-_inductor_warmed = False
+_warm_started: set = set()
+_expected_isa = None
 
 
-def warm_inductor() -> Optional[threading.Thread]:
-    """Start, in a background thread, what Inductor does once per machine before its first CPU
-    kernel: its vector-ISA checks and its precompiled header
-    (:func:`awq_inductor.inductor.lowering.warm_compiler`), so that they overlap Dynamo's tracing
-    and the lowering instead of following them. Why: cold, they were 7.7 s and 6.7 s of the tiny
-    Llama demo's first token on the 2-core Zen 4 VM, each run serially inside the first
-    ``generate``. Once per process; None where Inductor's cache already holds both (then the
-    thread would only confirm it: 0.1 s)."""
-    global _inductor_warmed
-    if _inductor_warmed:
-        return None
-    _inductor_warmed = True
+def warm_inductor(header: bool = True) -> None:
+    """Start, in background threads, what Inductor does once per machine before its first CPU
+    kernel, so that it overlaps the loading, Dynamo's tracing and the lowering instead of following
+    them: its vector-ISA checks (:func:`~awq_inductor.inductor.lowering.warm_compiler`) and, with
+    ``header``, its precompiled header for the ISA expected
+    (:func:`~awq_inductor.inductor.lowering.build_kernel_header`), side by side. Why: cold, they
+    were 7.7 s and 6.7 s of the tiny Llama demo's first token on the 2-core Zen 4 VM, run one
+    after the other inside the first ``generate``. Each starts once per process. The CLI starts
+    the checks before loading and the header after it: the header is one 7 s g++ run, which the
+    tuner at load would have to wait for (``kernels.background``), the checks are short ones."""
+    global _expected_isa
     from ..inductor import lowering
 
-    lowering.serialize_vec_isa_checks()  # before the thread: Inductor's own check waits for it
-    return background.start("awq-warm-inductor", lowering.warm_compiler)
+    if "checks" not in _warm_started:
+        _warm_started.add("checks")
+        lowering.serialize_vec_isa_checks()  # before the thread: Inductor's own check waits for it
+        _expected_isa = lowering.expected_vec_isa()  # before any check edits the ISA objects
+        background.start("awq-warm-inductor", lowering.warm_compiler)
+    if header and "header" not in _warm_started and _expected_isa is not None:
+        _warm_started.add("header")
+        expected = _expected_isa
+        background.start("awq-warm-header", lambda: lowering.build_kernel_header(expected))
 
 
 def uncompile(model: nn.Module) -> nn.Module:
