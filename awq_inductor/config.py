@@ -43,6 +43,11 @@ kernel_plan: Optional[dict] = None
 #: without usable AMX: no AMX permission is requested and no ``-mamx-*`` flags are needed. Slow.
 amx_emulation: bool = False
 
+#: Put the weights each decoded token streams whole (packed int4 weights, experts, the lm_head
+#: table) on transparent huge pages when a model is converted or sharded
+#: (:mod:`awq_inductor.kernels.hugepages`; a no-op where THP is off). Read at load time.
+huge_pages: bool = True
+
 #: Threads the generated kernels use; ``None`` means ``torch.get_num_threads()`` at codegen time.
 num_threads: Optional[int] = None
 

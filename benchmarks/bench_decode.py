@@ -38,6 +38,7 @@ import bw_probe  # noqa: E402
 import awq_inductor  # noqa: E402
 from awq_inductor import AWQLinear  # noqa: E402
 from awq_inductor.baselines import Int4PackLinear  # noqa: E402
+from awq_inductor.kernels import hugepages  # noqa: E402
 
 LLAMA7B = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]
 
@@ -80,6 +81,8 @@ def build_copies(K, N, G, dtype, cold_bytes):
     first = AWQLinear.from_canonical(q, z, s, group_size=G)
     n = max(2, -(-cold_bytes // _nbytes(first)))
     ours = [first] + [AWQLinear.from_canonical(q, z, s, group_size=G) for _ in range(n - 1)]
+    for layer in ours:  # as a loaded model's weights are (convert places them; from_canonical does not)
+        hugepages.place_streamed_weights(layer)
     aten = [Int4PackLinear(q, z, s, None, G, dtype) for _ in range(n)]
     return ours, aten
 
@@ -150,7 +153,10 @@ def main(argv=None):
     p.add_argument("--no-rewarm", action="store_true",
                    help="time each method right after the others as before (the one after the probe runs with cold code)")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--small-pages", action="store_true", help="our weights and the probe's buffer on 4 KiB "
+                   "pages (config.huge_pages off): the code before huge pages")
     a = p.parse_args(argv)
+    awq_inductor.config.huge_pages = not a.small_pages
     if a.smoke:
         a.shapes, a.m, a.reps, a.cold_bytes, a.tag = "256x320", "1,8", 3, 1 << 20, a.tag + "_smoke"
     torch.set_num_threads(a.threads)

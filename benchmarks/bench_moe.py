@@ -39,7 +39,7 @@ import bw_probe  # noqa: E402
 from awq_inductor import compile_for_generate, config, testing  # noqa: E402
 from awq_inductor.integrations.generation import uncompile  # noqa: E402
 from awq_inductor.ops import moe  # noqa: E402
-from awq_inductor.kernels import plan as kplan  # noqa: E402
+from awq_inductor.kernels import hugepages, plan as kplan  # noqa: E402
 from awq_inductor.schemes import MOE_OPS  # noqa: E402
 
 #: bytes of one probe pass in the op part's interleaved reps: 8x a 32 MiB L3, cold by itself
@@ -61,7 +61,9 @@ def bench_op(a):
     g = torch.Generator().manual_seed(0)
     gu = [testing.quantize_weight(torch.randn(2 * I, H, generator=g) * 0.05, G) for _ in range(E)]
     dn = [testing.quantize_weight(torch.randn(H, I, generator=g) * 0.05, G) for _ in range(E)]
-    W = {name: moe.pack_experts(mop, gu, dn, G, I) for name, mop in MOE_OPS.items()}
+    # on huge pages where available, as a loaded model's experts are (kernels.hugepages)
+    W = {name: [hugepages.on_huge_pages(t) for t in moe.pack_experts(mop, gu, dn, G, I)]
+         for name, mop in MOE_OPS.items()}
     del gu, dn
     res = {"read_GBps": {}}
     probes = {nt: bw_probe.stream_calls(nt, a.probe_bytes) for nt in a.op_threads}
@@ -246,8 +248,11 @@ def main(argv=None):
     p.add_argument("--lm-head", default="bf16", choices=["bf16", "int8"], help="e2e: our models' lm_head")
     p.add_argument("--probe-bytes", type=int, default=PROBE_BYTES, help="op part: bytes of one bw_probe pass")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--small-pages", action="store_true", help="weights and probe buffers on 4 KiB pages "
+                   "(config.huge_pages off): the code before huge pages")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_moe.json"))
     a = p.parse_args(argv)
+    config.huge_pages = not a.small_pages
     if MODELS[a.model]:
         a.hidden, a.experts, a.topk, a.moe_inter, a.layers = MODELS[a.model]
     if a.smoke:

@@ -37,7 +37,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from awq_inductor.kernels import isa as isa_mod
-from awq_inductor.kernels import native
+from awq_inductor.kernels import hugepages, native
 
 LINE = 64  # bytes per cache line / per AVX512 load
 
@@ -139,7 +139,8 @@ def _buffer(nbytes: int, streams: int, threads: int) -> Tuple[torch.Tensor, int]
     if n <= 0:
         raise ValueError(f"bw_probe: nbytes={nbytes} is below one step ({unit} bytes for "
                          f"{threads} threads x {streams} streams)")
-    buf = torch.ones(n // 8, dtype=torch.int64)
+    # on huge pages where available (config.huge_pages), as a loaded model's streamed weights are
+    buf = hugepages.on_huge_pages(torch.ones(n // 8, dtype=torch.int64))
     if buf.data_ptr() % LINE:
         raise RuntimeError(f"bw_probe: the buffer at {buf.data_ptr():#x} is not {LINE}-byte aligned")
     return buf, n

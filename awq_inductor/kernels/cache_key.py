@@ -68,7 +68,7 @@ def _cpuinfo() -> Dict[str, str]:
 
 #: The measuring method: plans measured by another version of these files are measured again (the
 #: hot-slice timing of decode rows once cached a plan 1.3x slower at M = 1 on the AMX Xeon).
-TUNER_SOURCES = ("tuner.py", "plan.py")
+TUNER_SOURCES = ("tuner.py", "plan.py", "hugepages.py")
 
 
 def tuner_hash() -> str:
@@ -78,9 +78,11 @@ def tuner_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def machine(threads: int) -> Dict[str, Any]:
+def machine(threads: int, huge_pages: bool = False) -> Dict[str, Any]:
     """What a kernel timing depends on besides the shape: the CPU model and its flags, the thread
-    count, torch and this package (version, kernel sources and the tuner's own code). The key of the
+    count, torch and this package (version, kernel sources and the tuner's own code), and whether
+    the weights sit on huge pages (``kernels.hugepages.in_use()``: the tuner times its cold copies
+    on the pages the loaded weights get). The key of the
     tuning cache (kernels/tuning_cache.py): another machine, thread count or build never reads these
     timings."""
     import platform
@@ -93,13 +95,13 @@ def machine(threads: int) -> Dict[str, Any]:
     return {"cpu_model": info.get("model name") or platform.processor() or platform.machine(),
             "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:16], "cpu": cpu_fingerprint(),
             "threads": int(threads), "torch": torch.__version__, "awq_inductor": __version__,
-            "kernel_sources": codegen.templates_hash()[:16], "tuner": tuner_hash()}
+            "kernel_sources": codegen.templates_hash()[:16], "tuner": tuner_hash(), "huge_pages": bool(huge_pages)}
 
 
 @functools.lru_cache(maxsize=None)
-def machine_key(threads: int) -> str:
+def machine_key(threads: int, huge_pages: bool = False) -> str:
     """sha256 (32 hex digits) of :func:`machine`: the tuning cache's file name."""
-    return _digest(machine(threads))[:32]
+    return _digest(machine(threads, huge_pages))[:32]
 
 
 def describe(isa: str, sources: str, extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:

@@ -45,7 +45,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ..schemes import OPS, W4A8, Op
-from . import background, dense, native
+from . import background, dense, hugepages, native
 from .plan import NEVER, Plan, candidate_of, candidates, default_plan, path_for
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,8 @@ class _ColdWeights:
         if not self.copies:
             qw, *rest = self.make_weights()
             count = max(2, COLD_BYTES // max(1, qw.nbytes))
-            self.copies = [(qw, *rest)] + [(qw.clone(), *rest) for _ in range(count - 1)]
+            # on the pages the model's weights get at load (hugepages.place_streamed_weights)
+            self.copies = [(hugepages.copy_on_huge_pages(qw), *rest) for _ in range(count)]
 
     def next(self) -> tuple:
         self.make()
@@ -330,7 +331,7 @@ def tune_decode_prefetch(isa: str, timer: Optional[Callable[[int], float]] = Non
 def _cold_decode_timer(isa: str) -> Callable[[int], float]:
     op, K, n, G = OPS["int4_mm"], 4096, 2048, 128
     qw, s, z = _random_weights(op, K, n, G)
-    copies = [qw] + [qw.clone() for _ in range(max(1, PREFETCH_COLD_BYTES // qw.nbytes) - 1)]
+    copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, PREFETCH_COLD_BYTES // qw.nbytes))]
     kern = native.get_kernel(op.name, torch.bfloat16, isa)
     x = torch.randn(1, K).to(torch.bfloat16)
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)

@@ -24,7 +24,7 @@ from .. import config
 from ..schemes import Op
 from .. import families
 from ..schemes import GATE_UP_SILU, LINEAR, op_for
-from . import background, cache_key, native, tuner
+from . import background, cache_key, hugepages, native, tuner
 from .plan import DEFAULT_DECODE_PREFETCH, NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def threads() -> int:
 def cache_path(n_threads: Optional[int] = None) -> str:
     """``<cache dir>/tuning/<machine key>.json`` (cache dir: ``$AWQ_INDUCTOR_CACHE_DIR`` or
     ``~/.cache/awq_inductor``)."""
-    return os.path.join(native.cache_dir(), "tuning", cache_key.machine_key(n_threads or threads()) + ".json")
+    return os.path.join(native.cache_dir(), "tuning", cache_key.machine_key(n_threads or threads(), hugepages.in_use()) + ".json")
 
 
 def _read(path: str) -> dict:
@@ -85,7 +85,7 @@ def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None) ->
     path = cache_path(n_threads)
     with _lock:
         data = _read(path)
-        data["machine"] = cache_key.machine(n_threads or threads())
+        data["machine"] = cache_key.machine(n_threads or threads(), hugepages.in_use())
         data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "times_ms": times}
         _write(path, data)
         _memo[(n_threads or threads(), key)] = dataclasses.replace(plan, source="tuned")
@@ -161,7 +161,7 @@ def decode_prefetch(isa: str, remeasure: bool = False) -> int:
         _final.clear()
         with _lock:
             data = _read(path)
-            data["machine"] = cache_key.machine(threads())
+            data["machine"] = cache_key.machine(threads(), hugepages.in_use())
             data.setdefault("machine_params", {})[name] = {"bytes": value, "times_ms": times}
             _write(path, data)
         log.info("awq_inductor: decode prefetch distance on this machine: %d bytes (%s)", value, times)

@@ -23,6 +23,9 @@ class Bf16HeadLinear(nn.Linear):
     the class of the loaded ``nn.Linear`` in place (:func:`use_bf16_gemv`): same parameters, so a
     tied input embedding still shares the weight and state dicts keep their keys."""
 
+    #: read whole for every decoded token: huge pages at load (kernels.hugepages; tied stays tied)
+    STREAMED_TENSORS = ("weight",)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16:
             return super().forward(x)
@@ -44,6 +47,8 @@ class Int8HeadLinear(nn.Module):
     """``nn.Linear`` replacement with per-output-channel symmetric int8 weights and fp32 scales,
     quantized once from the bf16/fp16/fp32 head (:func:`awq_inductor.int8_head.quantize_per_channel`).
     Holds its own int8 copy: a tied input embedding keeps its float table untouched."""
+
+    STREAMED_TENSORS = ("weight_int8",)  # read whole per decoded token (kernels.hugepages)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__()

@@ -24,6 +24,8 @@ class _PackedInt4(nn.Module):
     scales, zeros, + comp for W4A8) with ``columns`` packed columns and an fp32 bias or None."""
 
     SPEC: OpSpec
+    #: read whole by every call: placed on huge pages at load (kernels.hugepages)
+    STREAMED_TENSORS = ("qweight",)
 
     def __init__(self, in_features: int, out_features: int, group_size: int, bias: bool,
                  act_quant: Optional[str]):

@@ -25,6 +25,9 @@ class AWQMoEExperts(nn.Module):
     ``awq::int4_moe_a8`` (``act_quant="int8"``). Buffers ``w13_*`` (gate|up of every expert, panels
     interleaved) and ``w2_*`` (down), stacked on a leading expert dim. I % 32 == 0."""
 
+    #: the selected experts' weights are read whole at every call: huge pages at load (kernels.hugepages)
+    STREAMED_TENSORS = ("w13_qweight", "w2_qweight")
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, group_size: int,
                  act_quant: Optional[str] = None):
         super().__init__()

@@ -86,6 +86,8 @@ class VocabParallelLMHead(nn.Module):
     dim, W_r = rows ``[r*V/W, (r+1)*V/W)`` of the dense ``lm_head`` (V padded with zero rows to a
     multiple of W, the padding sliced off after the gather). Each rank reads 1/W of the head per token."""
 
+    STREAMED_TENSORS = ("weight",)  # read whole per decoded token (kernels.hugepages)
+
     def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], vocab_size: int, group, world_size: int):
         super().__init__()
         self.weight = nn.Parameter(weight.detach().contiguous(), requires_grad=False)

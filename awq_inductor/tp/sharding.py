@@ -9,6 +9,7 @@ from torch import nn
 
 from ..families import MLA_PROJECTIONS
 from ..formats import source_of
+from ..kernels import hugepages
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 from ..nn.head import Bf16HeadLinear
 from ..transform.model_pass import OutputSlice, tune_model
@@ -335,6 +336,7 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
         for attr in ("num_heads", "num_key_value_heads"):
             if isinstance(getattr(m, attr, None), int):
                 setattr(m, attr, getattr(m, attr) // world)
+    hugepages.place_streamed_weights(model)  # the rank's slices are new tensors
     tune_model(model)  # the rank's shapes (tuned at load, not inside the first generate)
     model._awq_tp = {"rank": rank, "world_size": world, "num_attention_heads": hq_all,
                      "num_key_value_heads": hkv_all, "attention_layers": len(attns), "mlp_layers": n_mlp,

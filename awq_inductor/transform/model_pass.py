@@ -61,7 +61,7 @@ from torch import nn
 from .. import formats, packing
 from ..families import FUSIONS, GATED_MLP_BODIES
 from ..formats import CheckpointSource, source_of
-from ..kernels import tuning_cache
+from ..kernels import hugepages, tuning_cache
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts, CheckpointInt4Linear
 from ..nn.checkpoint import to_awq_linear
 from ..nn.linear import same_perm
@@ -430,6 +430,7 @@ def convert(model: nn.Module, act_quant: Optional[str] = None, *, fuse: bool = T
 
         use_fp32_decode_attention(model)
     model._awq_inductor_converted = True
+    hugepages.place_streamed_weights(model)  # before tuning: the kernels are timed as they will run
     tune_model(model, progress=progress)
     return model
 
