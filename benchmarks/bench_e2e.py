@@ -39,6 +39,48 @@ from awq_inductor.baselines import to_int4pack
 from awq_inductor.nn.head import Bf16HeadLinear
 from awq_inductor.testing import build_float_model, save_quantized
 from llama_shape import add_shape_args, llama_config, write_results  # noqa: E402  (benchmarks/ is sys.path[0])
+import bw_probe  # noqa: E402
+
+
+#: peer method -> (row label, GGUF output tensor type): llama.cpp via llama-cpp-python, ik_llama.cpp
+#: via --llama-bench; Q4_0 linears with a BF16 output projection (as our default head) or Q4_0 everywhere
+PEERS = {
+    "llamacpp": ("llama.cpp Q4_0 + BF16 output", "bf16"),
+    "llamacpp-q4head": ("llama.cpp Q4_0 everywhere", "q4_0"),
+    "ikllama": ("ik_llama.cpp Q4_0 + BF16 output, -rtr", "bf16"),
+    "ikllama-q4head": ("ik_llama.cpp Q4_0 everywhere, -rtr", "q4_0"),
+}
+
+
+def peer_files(ref, methods, directory: str) -> dict:
+    """method -> GGUF path written from ``ref``'s float weights (one file per output type), or {}
+    without the ``gguf`` package (one line; the peer rows are then skipped)."""
+    if not methods:
+        return {}
+    try:
+        import gguf_export
+        import gguf  # noqa: F401
+    except ImportError:
+        print("  peer rows skipped: the gguf package is not installed (pip install gguf)", flush=True)
+        return {}
+    paths = {}
+    for kind in sorted({PEERS[m][1] for m in methods}):
+        t0 = time.perf_counter()
+        paths[kind] = gguf_export.write_llama_gguf(ref, os.path.join(directory, f"model-{kind}.gguf"), kind)
+        print(f"  wrote {paths[kind]} ({os.path.getsize(paths[kind]) / 2**20:.0f} MiB) in "
+              f"{time.perf_counter() - t0:.1f}s", flush=True)
+    return {m: paths[PEERS[m][1]] for m in methods}
+
+
+def time_peer(method: str, path, ids, a):
+    """(prefill, decode) tok/s of a peer on ``path`` with our prompt and lengths, or None (skipped)."""
+    import peers
+
+    if path is None:
+        return None
+    if method.startswith("llamacpp"):
+        return peers.llamacpp(path, ids[0].tolist(), a.new_tokens, a.threads, repeats=a.repeats)
+    return peers.llama_bench(a.llama_bench, path, ids.shape[1], a.new_tokens, a.threads)
 
 
 def main(argv=None):
@@ -47,7 +89,11 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense")
+    p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense",
+                   help="any of compiled, compiledwhole, compiled4k, int8head, flinearhead, eager, int4pack, "
+                        "dense and the peers " + ", ".join(PEERS) + " (GGUF files of the same weights)")
+    p.add_argument("--llama-bench", metavar="PATH", default=None,
+                   help="a llama-bench binary of ik_llama.cpp you built: times the ikllama rows")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_e2e.json"))
     p.add_argument("--batch-sizes", default=None, help="e.g. 1,2,4,8,16: the batched-decode table instead")
     p.add_argument("--batch-methods", default=",".join(BATCH_METHODS))
@@ -68,17 +114,34 @@ def main(argv=None):
         return batched_main(a, model, ref)
     ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
     res = {}
-    compiled = [m for m in methods if m in ("compiled", "compiledwhole")]
-    rounds = {}
-    for r in range(a.rounds):  # rounds of the compiled methods, each in the order given (interleaved)
+    compiled = [m for m in methods if m in ("compiled", "compiledwhole", "compiled4k") or m in PEERS]
+    # compiled4k: the same weights copied onto 4 KiB pages (a deep copy; the loaded model's streamed
+    # weights sit on huge pages where available: kernels.hugepages), compiled regionally
+    small_pages = copy.deepcopy(model) if "compiled4k" in compiled else None
+    gguf_dir = tempfile.TemporaryDirectory()
+    ggufs = peer_files(ref, [m for m in compiled if m in PEERS], gguf_dir.name)
+    rounds, probe = {}, []
+    for r in range(a.rounds):  # rounds of the compiled methods and peers, in the order given (interleaved)
+        probe.append(bw_probe.read_gbps(a.threads, 256 << 20, repeats=3))
+        print(f"  round {r + 1}: streaming-read probe {probe[-1]:.1f} GB/s ({a.threads} threads)", flush=True)
         for method in compiled:
-            regional = method == "compiled"  # compiled: one decoder layer per kind (the default); whole: model.forward
+            if method in PEERS:
+                speeds = time_peer(method, ggufs.get(method), ids, a)
+                if speeds is not None:
+                    print(f"  {PEERS[method][0]:<34} prefill {speeds[0]:8.1f} tok/s   decode {speeds[1]:7.1f} tok/s",
+                          flush=True)
+                    rounds.setdefault(PEERS[method][0], []).append((*speeds, None))
+                continue
+            regional = method != "compiledwhole"  # one decoder layer per kind (the default); whole: model.forward
+            m = small_pages if method == "compiled4k" else model
             t0 = time.perf_counter()
-            compile_for_generate(model, regional=regional)
-            label = "ours compiled" + ("" if regional else " (whole model)")
-            rounds.setdefault(label, []).append(bench(model, ids, a.new_tokens, label))
-            uncompile(model)
+            compile_for_generate(m, regional=regional)
+            label = "ours compiled" + {"compiled": "", "compiledwhole": " (whole model)",
+                                       "compiled4k": " (weights on 4 KiB pages)"}[method]
+            rounds.setdefault(label, []).append(bench(m, ids, a.new_tokens, label))
+            uncompile(m)
             print(f"  (compile + warm-up {time.perf_counter() - t0:.1f}s)")
+    gguf_dir.cleanup()
     for label, runs in rounds.items():  # the round of median decode speed
         res[label] = sorted(runs, key=lambda run: run[1])[len(runs) // 2]
     if a.rounds > 1:
@@ -119,6 +182,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"args": vars(a), "load_avg": os.getloadavg(), "results": {k: v[:2] for k, v in res.items()},
+                   "probe_GBps_per_round": probe,
                    "rounds": {k: [run[:2] for run in runs] for k, runs in rounds.items()}}, f, indent=1)
 
 

@@ -1,0 +1,88 @@
+"""The CPU peers ``bench_e2e.py`` times beside us, on GGUF files of the same weights
+(:mod:`gguf_export`): llama.cpp through ``llama-cpp-python`` (optional; build it from source, see
+``../shared/design/peers.md``) and ik_llama.cpp through a ``llama-bench`` binary the user built
+(``--llama-bench PATH``; its source is not ours to ship or script). Never runtime or test
+dependencies. Each timer returns (prefill tok/s, decode tok/s) or None after one line saying why
+the row is skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from typing import List, Optional, Tuple
+
+Speeds = Optional[Tuple[float, float]]
+
+
+def llamacpp(gguf_path: str, prompt: List[int], new_tokens: int, threads: int, repeats: int = 5) -> Speeds:
+    """llama.cpp via llama-cpp-python: prefill = ``eval`` of the prompt after a reset, decode = the
+    ``new_tokens - 1`` one-token ``eval`` calls after it; ``repeats`` back-to-back pairs after a
+    warm-up pair, medians (the protocol of our ``bench``)."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        print("  llama.cpp row skipped: llama-cpp-python is not installed (build it from source: "
+              "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install llama-cpp-python)", flush=True)
+        return None
+    llm = Llama(model_path=gguf_path, n_ctx=len(prompt) + new_tokens + 8, n_batch=max(512, len(prompt)),
+                n_ubatch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
+    steps = max(new_tokens - 1, 1)
+
+    def pair() -> Tuple[float, float]:
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        t1 = time.perf_counter()
+        for _ in range(steps):
+            llm.eval([prompt[-1]])
+        return t1 - t0, time.perf_counter() - t1
+
+    pair()
+    pairs = [pair() for _ in range(repeats)]
+    del llm
+    return (len(prompt) / statistics.median(p for p, _ in pairs),
+            steps / statistics.median(d for _, d in pairs))
+
+
+def _library_path(binary: str) -> str:
+    """LD_LIBRARY_PATH for a llama-bench in ``<build>/bin``: its own dir, ``<build>/src`` and
+    ``<build>/ggml/src`` (a shared-library build), then what was set."""
+    bin_dir = os.path.dirname(os.path.abspath(binary))
+    build = os.path.dirname(bin_dir)
+    dirs = [bin_dir, os.path.join(build, "src"), os.path.join(build, "ggml", "src")]
+    return os.pathsep.join([d for d in dirs if os.path.isdir(d)] + [os.environ.get("LD_LIBRARY_PATH", "")])
+
+
+def parse_llama_bench(text: str) -> Tuple[float, float]:
+    """(prefill, decode) tok/s from ``llama-bench -o json`` output: the ``avg_ts`` of the entry with
+    ``n_prompt > 0, n_gen == 0`` and of the one with ``n_gen > 0``."""
+    rows = json.loads(text[text.index("["):])
+    pp = [r["avg_ts"] for r in rows if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
+    tg = [r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0]
+    if not pp or not tg:
+        raise ValueError(f"llama-bench output: expected a prompt and a generation entry, got {len(rows)} rows")
+    return float(pp[0]), float(tg[0])
+
+
+def llama_bench(binary: Optional[str], gguf_path: str, prompt_len: int, new_tokens: int, threads: int,
+                repeats: int = 3) -> Speeds:
+    """ik_llama.cpp (or llama.cpp) via its ``llama-bench``: ``-p prompt_len -n new_tokens -t threads
+    -r repeats -rtr 1`` (run-time repacking into its interleaved-row layouts: ik_llama.cpp's fast
+    path), JSON output."""
+    if not binary:
+        print("  ik_llama.cpp row skipped: no --llama-bench PATH (a llama-bench binary you built)", flush=True)
+        return None
+    if not os.access(binary, os.X_OK):
+        print(f"  ik_llama.cpp row skipped: --llama-bench {binary} is not an executable file", flush=True)
+        return None
+    cmd = [binary, "-m", gguf_path, "-p", str(prompt_len), "-n", str(new_tokens), "-t", str(threads),
+           "-r", str(repeats), "-rtr", "1", "-o", "json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, LD_LIBRARY_PATH=_library_path(binary)))
+    if out.returncode != 0:
+        print(f"  ik_llama.cpp row skipped: {' '.join(cmd)} exited {out.returncode}: {out.stderr.strip()[-300:]}",
+              flush=True)
+        return None
+    return parse_llama_bench(out.stdout)
