@@ -123,3 +123,75 @@ def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     assert all(set(row) == {1, 2} and min(row.values()) > 0 for row in res.values())
     assert json.load(open(out))["aggregate_decode_tok_s"]["dense"]["2"] > 0
     assert "| dense | " in open(str(tmp_path / "batched.md")).read()
+
+
+def _bench_module(name, monkeypatch):
+    bench_dir = os.path.dirname(BENCH)
+    monkeypatch.syspath_prepend(bench_dir)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(bench_dir, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_llama_bench_rows_are_read_from_its_json(tmp_path, monkeypatch):
+    """--llama-bench PATH: the binary's arguments and its JSON (a stand-in script here), and a clear
+    skip line for a missing or failing binary."""
+    peers = _bench_module("peers", monkeypatch)
+    fake = tmp_path / "bin" / "llama-bench"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\necho 'build info'\n"
+                    "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 345.5}, "
+                    "{\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 61.25}]'\n")
+    fake.chmod(0o755)
+    assert peers.llama_bench(str(fake), "/x/m.gguf", 16, 8, 2) == (345.5, 61.25)
+    assert (fake.parent / "args").read_text().split() == ["-m", "/x/m.gguf", "-p", "16", "-n", "8", "-t", "2",
+                                                           "-r", "3", "-rtr", "1", "-o", "json"]
+    assert peers.llama_bench(None, "/x/m.gguf", 16, 8, 2) is None
+    assert peers.llama_bench(str(tmp_path / "missing"), "/x/m.gguf", 16, 8, 2) is None
+    fake.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 3\n")
+    assert peers.llama_bench(str(fake), "/x/m.gguf", 16, 8, 2) is None
+    with pytest.raises(ValueError, match="expected a prompt and a generation entry"):
+        peers.parse_llama_bench('[{"n_prompt": 16, "n_gen": 0, "avg_ts": 1.0}]')
+
+
+def test_gguf_export_writes_every_llama_tensor(tmp_path, monkeypatch):
+    gguf = pytest.importorskip("gguf")  # a benchmark-only package
+    from awq_inductor import testing
+
+    export = _bench_module("gguf_export", monkeypatch)
+    cfg = testing.tiny_config("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2, vocab_size=512)
+    model = testing.build_float_model(cfg)
+    path = export.write_llama_gguf(model, str(tmp_path / "m.gguf"), "bf16")
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert len(tensors) == 2 + 2 * 9 + 1
+    assert tensors["output.weight"].tensor_type.name == "BF16"
+    assert tensors["blk.1.ffn_down.weight"].tensor_type.name == "Q4_0"
+    with pytest.raises(ValueError, match="output"):
+        export.write_llama_gguf(model, str(tmp_path / "n.gguf"), "q8")
+
+
+def test_bench_e2e_times_the_peers_in_its_rounds(tmp_path, monkeypatch):
+    """The peer rows on a tiny model: ik_llama.cpp through a stand-in llama-bench; llama.cpp where
+    llama-cpp-python is installed (skipped with a line otherwise); the probe once per round."""
+    pytest.importorskip("gguf")
+    mod = _bench_module("bench_e2e", monkeypatch)
+    fake = tmp_path / "llama-bench"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in *.gguf) test -s \"$a\" || exit 9;; esac; done\n"
+                    "echo '[{\"n_prompt\": 8, \"n_gen\": 0, \"avg_ts\": 100.0}, {\"n_prompt\": 0, \"n_gen\": 3, \"avg_ts\": 10.0}]'\n")
+    fake.chmod(0o755)
+    out = tmp_path / "e2e.json"
+    mod.main(["--layers", "1", "--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2",
+              "--vocab", "512", "--group-size", "32", "--prompt-len", "8", "--new-tokens", "3", "--threads", "1",
+              "--repeats", "1", "--rounds", "2", "--methods", "ikllama,ikllama-q4head,llamacpp",
+              "--llama-bench", str(fake), "--out", str(out)])
+    data = json.load(open(out))
+    assert data["results"]["ik_llama.cpp Q4_0 + BF16 output, -rtr"] == [100.0, 10.0]
+    assert data["results"]["ik_llama.cpp Q4_0 everywhere, -rtr"] == [100.0, 10.0]
+    assert len(data["probe_GBps_per_round"]) == 2 and min(data["probe_GBps_per_round"]) > 0
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return
+    prefill, decode = data["results"]["llama.cpp Q4_0 + BF16 output"]
+    assert prefill > 0 and decode > 0
