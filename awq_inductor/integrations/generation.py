@@ -173,13 +173,17 @@ def warm_inductor(header: bool = True) -> None:
     the checks before loading and the header after it: the header is one 7 s g++ run, which the
     tuner at load would have to wait for (``kernels.background``), the checks are short ones."""
     global _expected_isa
-    from ..inductor import lowering
+    try:  # an optimisation only: where Inductor's internals moved, compiling goes on without it
+        from ..inductor import lowering
 
-    if "checks" not in _warm_started:
-        _warm_started.add("checks")
-        lowering.serialize_vec_isa_checks()  # before the thread: Inductor's own check waits for it
-        _expected_isa = lowering.expected_vec_isa()  # before any check edits the ISA objects
-        background.start("awq-warm-inductor", lowering.warm_compiler)
+        if "checks" not in _warm_started:
+            _warm_started.add("checks")
+            lowering.serialize_vec_isa_checks()  # before the thread: Inductor's own check waits for it
+            _expected_isa = lowering.expected_vec_isa()  # before any check edits the ISA objects
+            background.start("awq-warm-inductor", lowering.warm_compiler)
+    except Exception as e:  # noqa: BLE001
+        log.debug("awq_inductor: no Inductor warm-up: %s", e)
+        return
     if header and "header" not in _warm_started and _expected_isa is not None:
         _warm_started.add("header")
         expected = _expected_isa
