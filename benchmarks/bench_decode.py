@@ -75,24 +75,27 @@ def _nbytes(mod) -> int:
     return sum(b.numel() * b.element_size() for b in mod.buffers() if b is not None)
 
 
-def build_copies(K, N, G, dtype, cold_bytes):
-    """``copies`` independent (ours, aten) layer pairs, at least ``cold_bytes`` of our weights."""
+def build_copies(K, N, G, dtype, cold_bytes, act_quant=None):
+    """``copies`` independent (ours, aten) layer pairs, at least ``cold_bytes`` of our weights;
+    ``act_quant="int8"``: ours is the W4A8 layer (no aten copies)."""
     q, z, s = make_layer(K, N, G, seed=0)
-    first = AWQLinear.from_canonical(q, z, s, group_size=G)
+    first = AWQLinear.from_canonical(q, z, s, group_size=G, act_quant=act_quant)
     n = max(2, -(-cold_bytes // _nbytes(first)))
-    ours = [first] + [AWQLinear.from_canonical(q, z, s, group_size=G) for _ in range(n - 1)]
+    ours = [first] + [AWQLinear.from_canonical(q, z, s, group_size=G, act_quant=act_quant) for _ in range(n - 1)]
     for layer in ours:  # as a loaded model's weights are (convert places them; from_canonical does not)
         hugepages.place_streamed_weights(layer)
-    aten = [Int4PackLinear(q, z, s, None, G, dtype) for _ in range(n)]
+    aten = [] if act_quant else [Int4PackLinear(q, z, s, None, G, dtype) for _ in range(n)]
     return ours, aten
 
 
-def rewarm_calls(K, G, dtype, compiled: bool) -> dict:
+def rewarm_calls(K, G, dtype, compiled: bool, w4a8: bool) -> dict:
     """Untimed calls of each method on a small layer (K x 256) that stays in cache: see time_interleaved."""
     ours, aten = build_copies(K, 256, G, dtype, 0)
     calls = {"ours": ours[0], "aten": aten[0]}
     if compiled:
         calls["compiled"] = compiled_calls(ours[:1])[0]
+    if w4a8:
+        calls["w4a8"] = build_copies(K, 256, G, dtype, 0, act_quant="int8")[0][0]
     return calls
 
 
@@ -152,6 +155,8 @@ def main(argv=None):
     p.add_argument("--compiled", action="store_true", help="also time the torch.compile'd op (generated kernel)")
     p.add_argument("--no-rewarm", action="store_true",
                    help="time each method right after the others as before (the one after the probe runs with cold code)")
+    p.add_argument("--w4a8", action="store_true", help="also time the W4A8 layer (act_quant=\"int8\", "
+                   "awq::int4_mm_a8) on its own cold copies")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--small-pages", action="store_true", help="our weights and the probe's buffer on 4 KiB "
                    "pages (config.huge_pages off): the code before huge pages")
@@ -171,17 +176,22 @@ def main(argv=None):
         for shape in a.shapes.split(","):
             K, N = (int(v) for v in shape.split("x"))
             ours, aten = build_copies(K, N, a.group_size, dtype, a.cold_bytes)
-            warm = rewarm_calls(K, a.group_size, dtype, a.compiled)
+            warm = rewarm_calls(K, a.group_size, dtype, a.compiled, a.w4a8)
+            w4a8 = build_copies(K, N, a.group_size, dtype, a.cold_bytes, act_quant="int8")[0] if a.w4a8 else None
             for M in (int(m) for m in a.m.split(",")):
                 x = torch.randn(M, K).to(dtype)
                 io = (M * K + M * N) * x.element_size()
                 fns = {"ours": ours, "aten": aten, "probe": probe}
                 if a.compiled:
                     fns["compiled"] = compiled_calls(ours)
+                if w4a8:
+                    fns["w4a8"] = w4a8
                 t = time_interleaved(fns, x, a.reps, rewarm=None if a.no_rewarm else warm)
                 row = {"K": K, "N": N, "M": M, "copies": len(ours), "ours_bytes": _nbytes(ours[0]) + io,
                        "aten_bytes": _nbytes(aten[0]) + io, "probe_bytes": probe_bytes}
                 row["compiled_bytes"] = row["ours_bytes"]
+                if w4a8:
+                    row["w4a8_bytes"] = _nbytes(w4a8[0]) + io
                 for k in fns:
                     row[f"{k}_ms"] = t[k]
                     row[f"{k}_gbs"] = row[f"{k}_bytes"] / (row[f"{k}_ms"] * 1e-3) / 1e9
@@ -189,7 +199,7 @@ def main(argv=None):
                     row[f"{k}_share"] = row[f"{k}_gbs"] / row["probe_gbs"]
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-            del ours, aten
+            del ours, aten, w4a8
     by_shape = {}
     for r in rows:
         by_shape.setdefault((r["K"], r["N"]), {})[r["M"]] = r["ours_ms"]
@@ -199,15 +209,17 @@ def main(argv=None):
              f"torch.sum {bw['torch_sum_gbs']:.1f} GB/s", "",
              "share = GB/s / the probe's GB/s (256 MiB stream) measured interleaved in the same reps", "",
              "| K | N | M | ours ms | aten ms | ours/aten | ours GB/s | ours share | aten GB/s | aten share "
-             "| ours / ours(M=1) | compiled ms | compiled share | probe GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours / ours(M=1) | compiled ms | compiled share | w4a8 ms | w4a8 share | ours/w4a8 | probe GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m1 = by_shape[(r["K"], r["N"])].get(1)
         rel = f"{r['ours_ms'] / m1:.2f}" if m1 else ""
         comp = f"{r['compiled_ms']:.3f} | {r['compiled_share']:.0%}" if "compiled_ms" in r else " | "
+        a8 = (f"{r['w4a8_ms']:.3f} | {r['w4a8_share']:.0%} | {r['ours_ms'] / r['w4a8_ms']:.2f}"
+              if "w4a8_ms" in r else " | | ")
         lines.append(f"| {r['K']} | {r['N']} | {r['M']} | {r['ours_ms']:.3f} | {r['aten_ms']:.3f} | "
                      f"{r['ours_ms'] / r['aten_ms']:.2f} | {r['ours_gbs']:.1f} | {r['ours_share']:.0%} | "
-                     f"{r['aten_gbs']:.1f} | {r['aten_share']:.0%} | {rel} | {comp} | {r['probe_gbs']:.1f} |")
+                     f"{r['aten_gbs']:.1f} | {r['aten_share']:.0%} | {rel} | {comp} | {a8} | {r['probe_gbs']:.1f} |")
     table = "\n".join(lines)
     print(table)
     os.makedirs(a.out, exist_ok=True)

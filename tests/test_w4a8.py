@@ -24,7 +24,7 @@ ISAS = [pytest.param("avx512", marks=pytest.mark.skipif(not HAS_AVX512, reason="
         "portable",
         pytest.param("amx_emulated", marks=pytest.mark.skipif(not HAS_AVX512, reason="emulator built with AVX512"))]
 SHAPES = [(256, 72, 64), (512, 200, 128), (128, 40, 32), (384, 96, 384)]  # (K, N, G); N % 32 != 0 mostly
-MS = [1, 4, 5, 32, 100]
+MS = [1, 4, 5, 8, 32, 70, 100]  # 70: a short last M block (6 rows) on the decode kernel
 _FIGURES = {}
 
 
