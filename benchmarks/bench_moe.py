@@ -14,7 +14,7 @@ op: ``awq::int4_moe`` / ``int4_moe_a8`` eager calls with fresh routing every cal
 ~300 MB of int4, do not fit in cache; a call reads top-8 experts), methods and thread counts
 (``--op-threads``) interleaved round-robin, medians; bandwidth = bytes of the selected experts' packed weights / time, and its
 share of the read bandwidth: the best pass of benchmarks/bw_probe.py (256 MiB, the same thread count) run in the
-same interleaved reps.
+same interleaved reps, and the paired share (``paired_share``: each call against the probe pass of its rep).
 e2e: ``bench`` of ``python -m awq_inductor`` (warm-up generate, then medians of prefill and full
 generate): ours compiled and eager, W4A16 and W4A8, and the dequantized bf16 model running
 transformers' experts implementation (``config._experts_implementation``). Vocab 32000 (not 151936)
@@ -98,17 +98,32 @@ def bench_op(a):
             t = statistics.median(times[(name, nt, pl)][2:])
             ne = statistics.mean(nsel[(name, nt, pl)])
             gbps = experts_bytes(MOE_OPS[name], H, I, G, ne) / t / 1e9
+            paired = paired_share(MOE_OPS[name], H, I, G, times[(name, nt, pl)], nsel[(name, nt, pl)],
+                                  ptimes[nt], probes[nt][1])
             tag = "" if a.plans == ["tuned"] else f" plan={pl}"
             res[f"{name} M={M} threads={nt}{tag}"] = {"ms": t * 1e3, "GBps": gbps, "experts": ne,
-                                                      "probe_GBps": bw[nt], "share": gbps / bw[nt]}
+                                                      "probe_GBps": bw[nt], "share": gbps / bw[nt],
+                                                      "paired_share": paired}
             print(f"  {name:<12} M={M:<4} threads {nt} {pl:<9} {t * 1e3:8.3f} ms   {gbps:6.1f} GB/s of {ne:.1f} "
-                  f"selected experts ({gbps / bw[nt] * 100:.0f}% of the {nt}-thread read bandwidth)", flush=True)
+                  f"selected experts ({gbps / bw[nt] * 100:.0f}% of the {nt}-thread read bandwidth; "
+                  f"paired with the probe's pass of the same rep: {paired * 100:.0f}%)", flush=True)
         if "constants" in a.plans and "tuned" in a.plans:
             for name in MOE_OPS:
                 for nt in a.op_threads:
                     c, t = (res[f"{name} M={M} threads={nt} plan={pl}"]["ms"] for pl in ("constants", "tuned"))
                     print(f"  {name:<12} M={M:<4} threads {nt}  tuned plan / constants: {c / t:5.2f}x faster")
     return res
+
+
+def paired_share(mop, H, I, G, op_times, experts, probe_times, probe_bytes) -> float:
+    """Median over reps of (the op's GB/s in a rep) / (the probe's GB/s in the same rep), first 2 reps
+    skipped as for the times. Why beside the share of the probe's best pass: this VM's read bandwidth
+    moved between 28 and 60 GB/s within minutes (2026-12-02), so a median op time over the best probe
+    pass of the run compares different moments; pairing each call with the probe pass just before it
+    compares the same one."""
+    ratios = [(experts_bytes(mop, H, I, G, ne) / t) / (probe_bytes / tp)
+              for t, ne, tp in zip(op_times[2:], experts[2:], probe_times[2:])]
+    return statistics.median(ratios)
 
 
 #: --plans: "tuned" is the per-machine plan (config.tune; plan_for), "constants" forces the
