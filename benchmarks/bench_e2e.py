@@ -83,6 +83,11 @@ def time_peer(method: str, path, ids, a):
     return peers.llama_bench(a.llama_bench, path, ids.shape[1], a.new_tokens, a.threads)
 
 
+#: methods timed inside the interleaved rounds (with the peers): name -> label suffix
+ROUND_METHODS = {"compiled": "", "compiledwhole": " (whole model)", "compiled4k": " (weights on 4 KiB pages)",
+                 "compiledw4a8": ", W4A8 (act_quant=int8)"}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_args(p, layers=2)
@@ -90,7 +95,7 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense",
-                   help="any of compiled, compiledwhole, compiled4k, int8head, flinearhead, eager, int4pack, "
+                   help="any of compiled, compiledwhole, compiled4k, compiledw4a8, int8head, flinearhead, eager, int4pack, "
                         "dense and the peers " + ", ".join(PEERS) + " (GGUF files of the same weights)")
     p.add_argument("--llama-bench", metavar="PATH", default=None,
                    help="a llama-bench binary of ik_llama.cpp you built: times the ikllama rows")
@@ -114,10 +119,13 @@ def main(argv=None):
         return batched_main(a, model, ref)
     ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
     res = {}
-    compiled = [m for m in methods if m in ("compiled", "compiledwhole", "compiled4k") or m in PEERS]
+    compiled = [m for m in methods if m in ROUND_METHODS or m in PEERS]
     # compiled4k: the same weights copied onto 4 KiB pages (a deep copy; the loaded model's streamed
-    # weights sit on huge pages where available: kernels.hugepages), compiled regionally
-    small_pages = copy.deepcopy(model) if "compiled4k" in compiled else None
+    # weights sit on huge pages where available: kernels.hugepages), compiled regionally;
+    # compiledw4a8: a copy converted to W4A8 (act_quant="int8"), compiled regionally
+    variants = {"compiled4k": lambda: copy.deepcopy(model),
+                "compiledw4a8": lambda: convert(copy.deepcopy(model), act_quant="int8")}
+    copies = {m: variants[m]() for m in compiled if m in variants}
     gguf_dir = tempfile.TemporaryDirectory()
     ggufs = peer_files(ref, [m for m in compiled if m in PEERS], gguf_dir.name)
     rounds, probe = {}, []
@@ -133,11 +141,10 @@ def main(argv=None):
                     rounds.setdefault(PEERS[method][0], []).append((*speeds, None))
                 continue
             regional = method != "compiledwhole"  # one decoder layer per kind (the default); whole: model.forward
-            m = small_pages if method == "compiled4k" else model
+            m = copies.get(method, model)
             t0 = time.perf_counter()
             compile_for_generate(m, regional=regional)
-            label = "ours compiled" + {"compiled": "", "compiledwhole": " (whole model)",
-                                       "compiled4k": " (weights on 4 KiB pages)"}[method]
+            label = "ours compiled" + ROUND_METHODS[method]
             rounds.setdefault(label, []).append(bench(m, ids, a.new_tokens, label))
             uncompile(m)
             print(f"  (compile + warm-up {time.perf_counter() - t0:.1f}s)")

@@ -7,6 +7,9 @@
 Eager op calls (the same native kernels the Inductor template inlines). Methods are interleaved
 round-robin inside every repetition (noisy shared machine), medians in ms, and the ratios
 W4A16/W4A8 and dense/W4A8 (> 1: W4A8 faster) are reported. ISA: config.force_isa or the CPU's best.
+Where the CPU has AVX512-BF16/VNNI, the dot-product peak (``peak_probe``: vdpbf16ps for W4A16,
+vpdpbusd for W4A8) is timed as two more methods in the same reps, and each op's share of its peak
+(2 M N K operations / time) is printed: the yardstick of the compute-bound rows (M >= 16).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import time
 
 import torch
 
+import peak_probe  # noqa: E402  (benchmarks/ is sys.path[0])
 from awq_inductor import AWQLinear
 from awq_inductor.kernels import isa as isa_mod
 
@@ -27,6 +31,15 @@ def make_layer(K, N, G, seed=0):
     z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
     s = (torch.randn(N, K // G, generator=g) * 0.01).to(torch.float16)
     return q, z, s
+
+
+def peak_methods(threads: int) -> dict:
+    """kind -> (one pass of the dot-product peak probe, its operations), or {} without AVX512-BF16/VNNI."""
+    try:
+        return {kind: peak_probe.peak_calls(threads, kind, iters=1 << 18) for kind in peak_probe.KINDS}
+    except ValueError as e:
+        print(f"no peak column: {e}")
+        return {}
 
 
 def main(argv=None):
@@ -52,8 +65,11 @@ def main(argv=None):
         "w4a16": lambda x: w16(x),
         "dense_bf16": lambda x: torch.nn.functional.linear(x, dense),
     }
+    peaks = peak_methods(a.threads)
+    methods.update({f"peak_{k}": call for k, (call, _) in peaks.items()})
     print(f"isa={isa_mod.select()} threads={a.threads} K={a.K} N={a.N} G={a.G} bf16, median ms")
-    print(f"{'M':>5} {'w4a8':>9} {'w4a16':>9} {'dense':>9} {'w4a16/w4a8':>11} {'dense/w4a8':>11}")
+    print(f"{'M':>5} {'w4a8':>9} {'w4a16':>9} {'dense':>9} {'w4a16/w4a8':>11} {'dense/w4a8':>11}"
+          f"{'  w4a16 of bf16 peak  w4a8 of int8 peak' if peaks else ''}")
     rows = []
     for M in a.m:
         x = torch.randn(M, a.K, dtype=torch.bfloat16)
@@ -77,9 +93,16 @@ def main(argv=None):
         row = dict(M=M, reps=reps, **{f"{k}_ms": round(v, 4) for k, v in med.items()},
                    w4a16_over_w4a8=round(med["w4a16"] / med["w4a8"], 3),
                    dense_over_w4a8=round(med["dense_bf16"] / med["w4a8"], 3))
+        shares = ""
+        if peaks:  # operations per ms of the op over those of the peak pass of the same reps
+            ops = 2 * M * a.N * a.K
+            for op, kind in (("w4a16", "bf16"), ("w4a8", "int8")):
+                row[f"{op}_peak_share"] = round((ops / med[op]) / (peaks[kind][1] / med[f"peak_{kind}"]), 3)
+            row["peak_TFLOPs"] = {k: round(ops_k / med[f"peak_{k}"] / 1e9, 3) for k, (_, ops_k) in peaks.items()}
+            shares = f"{row['w4a16_peak_share']:21.0%} {row['w4a8_peak_share']:18.0%}"
         rows.append(row)
         print(f"{M:5d} {med['w4a8']:9.3f} {med['w4a16']:9.3f} {med['dense_bf16']:9.3f} "
-              f"{row['w4a16_over_w4a8']:11.2f} {row['dense_over_w4a8']:11.2f}", flush=True)
+              f"{row['w4a16_over_w4a8']:11.2f} {row['dense_over_w4a8']:11.2f}{shares}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(K=a.K, N=a.N, G=a.G, threads=a.threads, isa=isa_mod.select(), rows=rows), f, indent=1)

@@ -105,6 +105,25 @@ def test_bw_probe_rejects_a_buffer_below_one_step():
         bw.read_gbps(2, nbytes=1024)
 
 
+def test_peak_probe_counts_its_operations_and_rejects_bad_kinds(monkeypatch):
+    """The dot-product peak: a pass on 1 and 2 threads returns, its operation count is iters x 16
+    instructions x ops per instruction x threads, and 1 thread's rate is a plausible positive
+    figure; an unknown kind is refused by name. bench_w4a8 --smoke then prints the peak columns."""
+    mod = _bench_module("peak_probe", monkeypatch)
+    try:
+        call, ops = mod.peak_calls(2, "int8", iters=64)
+    except ValueError as e:
+        pytest.skip(str(e))  # no AVX512-BF16/VNNI: no such peak
+    call()
+    assert ops == 64 * 16 * 128 * 2
+    assert mod.peak_calls(1, "bf16", iters=64)[1] == 64 * 16 * 64
+    assert 0 < mod.peak_tflops(1, "bf16", repeats=2) < 10
+    with pytest.raises(ValueError, match="expected kind in"):
+        mod.peak_calls(1, "fp8")
+    rows = _bench_module("bench_w4a8", monkeypatch).main(["--smoke", "--reps", "2"])
+    assert all(0 < r["w4a8_peak_share"] and 0 < r["w4a16_peak_share"] for r in rows)
+
+
 def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     """--batch-sizes: the aggregate decode table per method and batch size (tiny shape)."""
     bench_dir = os.path.dirname(BENCH)
