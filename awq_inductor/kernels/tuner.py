@@ -71,7 +71,14 @@ LARGE_COLUMNS = 1024
 #: ms predicted, 4096 x 11008) and the plan took AMX; cold, the decode kernel was 1.3x faster (1.20 /
 #: 1.55 ms). Cold slices predicted no better (the fp32 row kernel 1.33 ms, 2.8 at full size): a
 #: 128-column slice is one tile per thread, all prefetch ramp-up.
-COLD_MAX_M = 8
+#: 32, not 8: batched decode and chunked prefill read each layer's weights once per call as well, and
+#: the two-slice fit mispredicted there: it gave the bf16 panel 4.40 ms and the decode kernel 4.09
+#: at M = 16 (4096 x 11008, Zen 4, 2 threads) and the plan took the panel, which ran 5.9-6.1 ms at
+#: full size against the decode kernel's 4.2-4.8; other processes' fits put the decode kernel at
+#: 3.5 and chose it (three different thresholds in four tunings on one machine). Full size and
+#: cold, three tunings in a row timed decode 3.75-3.87 / panel 5.02-5.09 ms at M = 16 and all
+#: chose the decode kernel up to M = 64 or more.
+COLD_MAX_M = 32
 COLD_BYTES = 256 << 20
 # (The dense candidate is timed at full size from LARGE_M rows too: a slice's dequantized block stays
 # in cache, the full weight's goes to DRAM and back. On the AMX Xeon, 4096 x 4096, M = 512, the
