@@ -70,11 +70,13 @@ def test_bench_decode_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_decode", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    rows = mod.main(["--smoke", "--out", str(tmp_path), "--threads", "1"])
+    rows = mod.main(["--smoke", "--out", str(tmp_path), "--threads", "1", "--w4a8"])
     assert [r["M"] for r in rows] == [1, 8]
     for r in rows:
         assert r["ours_ms"] > 0 and r["aten_ms"] > 0 and 0 < r["ours_share"] and r["copies"] >= 2
-    assert "| ours share |" in open(tmp_path / "bench_decode_smoke.md").read()
+        assert r["w4a8_ms"] > 0 and r["w4a8_bytes"] > r["ours_bytes"]  # + the int32 compensation
+    table = open(tmp_path / "bench_decode_smoke.md").read()
+    assert "| ours share |" in table and "| w4a8 share |" in table
 
 
 def _bw_probe():
