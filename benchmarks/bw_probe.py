@@ -175,12 +175,17 @@ def read_gbps(threads: int, nbytes: int = 1 << 30, repeats: int = 7, streams: in
     words = n // 8
     if call() != words:  # the buffer is all ones: the sum checks every line was read once
         raise RuntimeError(f"bw_probe: the pass over {n} bytes summed to {call()}, expected {words}")
+    return n / best_seconds(call, repeats) / 1e9
+
+
+def best_seconds(call: Callable, repeats: int) -> float:
+    """The shortest of ``repeats`` (at least 1) timed calls of ``call``, in seconds."""
     best = math.inf
     for _ in range(max(1, repeats)):
         t0 = time.perf_counter()
         call()
         best = min(best, time.perf_counter() - t0)
-    return n / best / 1e9
+    return best
 
 
 def main(argv=None):

@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import math
 import os
-import time
+import sys
 from typing import Callable, Tuple
 
-from awq_inductor.kernels import isa as isa_mod
-from awq_inductor.kernels import native
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bw_probe, when loaded by path (tests)
+import bw_probe  # noqa: E402
+from awq_inductor.kernels import isa as isa_mod  # noqa: E402
+from awq_inductor.kernels import native  # noqa: E402
 
 #: operations one instruction of each kind does (16 fp32 / int32 lanes)
 OPS_PER_INSTR = {"bf16": 16 * 2 * 2, "int8": 16 * 4 * 2}
@@ -104,12 +105,7 @@ def peak_tflops(threads: int, kind: str, repeats: int = 5) -> float:
     """Best of ``repeats`` passes, in T(FL)OP/s: the peak, what a compute-bound kernel's share is of."""
     call, ops = peak_calls(threads, kind)
     call()  # built and warm
-    best = math.inf
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - t0)
-    return ops / best / 1e12
+    return ops / bw_probe.best_seconds(call, repeats) / 1e12
 
 
 def main(argv=None):
