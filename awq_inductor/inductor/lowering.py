@@ -235,6 +235,49 @@ extern "C" void kernel(const int64_t ks0) {
 """
 
 
+def infer_subset_isa_checks() -> bool:
+    """Answer Inductor's heavy vector-ISA check (``VecISA._avx_code``: ATen's vec headers built with
+    the ISA's flags and dlopened) without a build for an ISA whose flags are a subset of those of
+    one that passed it in this process: the same source with fewer target flags. Why: on Zen 4
+    ``valid_vec_isa_list()`` ran it for AVX512-VNNI and then again for AVX512 (flags a subset),
+    1.9-4.7 s of g++ each on a cold machine (a g++ log of the demo's cold start); AMX hosts ran it
+    three times. AVX2 (other flags, other headers) is still built. Idempotent; False where torch
+    has no ``VecISA._avx_code``."""
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    heavy = getattr(VecISA, "_avx_code", None)
+    check = VecISA.check_build
+    if heavy is None:
+        return False
+    if getattr(check, "_awq_infers", False):
+        return True
+    passed: list = []  # flag sets whose heavy check passed
+
+    @functools.wraps(check)
+    def check_build(self, code: str) -> bool:
+        if code != heavy:
+            return check(self, code)
+        flags = frozenset(self.build_arch_flags().split())
+        if any(flags <= p for p in passed):
+            return True
+        ok = check(self, code)
+        if ok:
+            passed.append(flags)
+        return ok
+
+    check_build._awq_infers = True
+    VecISA.check_build = check_build
+    return True
+
+
+def prepare_vec_isa_checks() -> None:
+    """Our changes to Inductor's vector-ISA checks (each idempotent): remembered dlopen probes,
+    one checking thread at a time, subset inference."""
+    remember_vec_isa_probes()
+    serialize_vec_isa_checks()
+    infer_subset_isa_checks()
+
+
 def _isa_checks_yield_to_tuner() -> None:
     """Make each g++ run of Inductor's vector-ISA checks a :func:`background.build_step` (it waits
     while the tuner measures; a no-op outside background threads). Idempotent."""
@@ -310,8 +353,7 @@ def warm_compiler() -> Optional[str]:
     install."""
     if _MISSING_API is not None:
         return None
-    remember_vec_isa_probes()
-    serialize_vec_isa_checks()
+    prepare_vec_isa_checks()
     _isa_checks_yield_to_tuner()
     vec = pick_vec_isa()
     from torch._inductor.codecache import CppPythonBindingsCodeCache
@@ -334,8 +376,7 @@ def _inductor_isa() -> str:
     ``pick_vec_isa()`` compiles for (or a subclass of it: VecAMX is a VecAVX512)."""
     if _MISSING_API is not None:  # no template will be generated; the key stays computable
         return "portable"
-    remember_vec_isa_probes()
-    serialize_vec_isa_checks()
+    prepare_vec_isa_checks()
     vec = pick_vec_isa()  # also requests the AMX permission where Inductor uses AMX
     classes = {"VecAMX": VecAMX, "VecAVX512": VecAVX512}
     fits = [i for i in isa_mod.REGISTRY.values()
@@ -623,8 +664,7 @@ def install() -> None:
     for mop in MOE_OPS.values():
         L.register_lowering(mop.torch_op.default, type_promotion_kind=None)(_moe_lowering_of(mop))
     install_cpu_key_pass()
-    remember_vec_isa_probes()
-    serialize_vec_isa_checks()
+    prepare_vec_isa_checks()
 
 
 # ---------------------------------------------------------------------------------------------

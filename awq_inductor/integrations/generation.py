@@ -178,7 +178,7 @@ def warm_inductor(header: bool = True) -> None:
 
         if "checks" not in _warm_started:
             _warm_started.add("checks")
-            lowering.serialize_vec_isa_checks()  # before the thread: Inductor's own check waits for it
+            lowering.prepare_vec_isa_checks()  # before the thread: Inductor's own check waits for it
             _expected_isa = lowering.expected_vec_isa()  # before any check edits the ISA objects
             background.start("awq-warm-inductor", lowering.warm_compiler)
     except Exception as e:  # noqa: BLE001
