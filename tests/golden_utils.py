@@ -29,7 +29,7 @@ from awq_inductor import inductor
 AMX_RUNS = bool(torch.cpu._is_amx_tile_supported())
 
 BEGIN, END = "// BEGIN awq", "// END awq"
-STORE_PLACEHOLDER = " " * 12 + "<inductor store_output>"
+STORE_PLACEHOLDER = " " * 8 + "<inductor store_output>"
 # a line after which the store lambda's body is Inductor's (elided up to the closing "});")
 _STORE_STARTS = ("awq_acc_buf = const_cast<float*>(awq_acc);", "// store_output:")
 
@@ -84,7 +84,7 @@ def awq_region(code: str) -> str:
     out, skipping = [], False
     for ln in lines:
         if skipping:
-            if ln.strip() == "});":
+            if ln.strip() == "};":
                 out.append(STORE_PLACEHOLDER)
                 out.append(ln)
                 skipping = False

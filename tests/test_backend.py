@@ -49,7 +49,7 @@ def test_backend_by_name_uses_template():
                                                     backend="awq_inductor"), x)
     torch.testing.assert_close(out, ref(x, w) * 2, atol=1e-4, rtol=1e-4)
     code = "\n".join(codes)
-    assert "awq::int4_mm_driver" in code and "torch.ops.awq.int4_mm" not in code
+    assert "awq_int4_mm_driver_" in code and "torch.ops.awq.int4_mm" not in code
     assert counters["inductor"]["cpp_epilogue_fusion_counter"] == 1
 
 
@@ -126,8 +126,8 @@ def test_cache_pass_uuid_tracks_templates(monkeypatch, tmp_path):
 
     # "Edit a template": the rendered header changes and so does codegen.templates_hash().
     cg = lowering.codegen
-    orig_render = cg.render_header
-    monkeypatch.setattr(cg, "render_header", lambda *a: "// edited-template\n" + orig_render(*a))
+    orig_render = cg.render_driver_link
+    monkeypatch.setattr(cg, "render_driver_link", lambda *a: "// edited-template\n" + orig_render(*a))
     monkeypatch.setattr(cg, "templates_hash", lambda: "edited-template")
     after = lowering.cache_pass().uuid()
     assert after != before

@@ -186,6 +186,6 @@ def test_measured_dense_winner_makes_the_lowering_call_the_eager_op(tune_dir, mo
         return "\n".join(codes)
 
     small, big, dyn = code_for(8), code_for(128), code_for(80, dynamic=True)
-    assert "awq::int4_mm_driver" in small and "torch.ops.awq.int4_mm.default" not in small
+    assert "awq_int4_mm_driver_" in small and "torch.ops.awq.int4_mm.default" not in small
     for code in (big, dyn):
-        assert "torch.ops.awq.int4_mm.default" in code and "awq::int4_mm_driver" not in code
+        assert "torch.ops.awq.int4_mm.default" in code and "awq_int4_mm_driver_" not in code

@@ -4,16 +4,19 @@ Regenerate with ``EXPECTTEST_ACCEPT=1 pytest tests/test_goldens.py``.
 
 Normalisation and the pinned setup (4 threads, caches disabled, fresh TORCHINDUCTOR_CACHE_DIR) are
 tests/golden_utils.py's: size symbols -> ``s0``, trailing spaces stripped, Inductor's store code
-replaced by ``<inductor store_output>`` and checked separately; the inlined awq header (micro-kernels
-+ driver) is not goldened: we check it is exactly ``codegen.render_header(schemes.W4A16, isa, dtype)``.
+replaced by ``<inductor store_output>`` and checked separately; the inlined awq header is not goldened:
+we check it is exactly ``codegen.render_driver_link(isa, dtype)`` and that the code names the driver
+library built for the ISA and dtype (``native.driver_library``).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
 from awq_inductor import packing, schemes
 from awq_inductor.ops import oracles
-from awq_inductor.kernels import codegen
+from awq_inductor.kernels import codegen, native
 from awq_inductor import config as awq_config
 from awq_inductor import ops
 from golden_utils import AMX_RUNS, GoldenTestCase, assert_close_scaled, awq_weights, compile_code
@@ -36,7 +39,9 @@ class TestGoldens(GoldenTestCase):
             out, code = compile_code(f, x, run=runs)
             if runs:
                 assert_close_scaled(out, oracles.int4_mm("int4_mm", x, *self.w))
-        return self.golden_region(code, "int4_mm", header=codegen.render_header(schemes.W4A16, isa, dtype),
+            library = native.driver_library(schemes.W4A16, isa, dtype)
+        self.assertIn(f'#define AWQ_DRIVER_LIBRARY "{library}"', code)
+        return self.golden_region(code, "int4_mm", header=codegen.render_driver_link(isa, dtype),
                                   store=r"\.store\(Y \+|Y\[")  # Inductor's store writes the output
 
     def test_amx_static(self):
@@ -51,13 +56,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -73,13 +81,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -95,13 +106,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -117,13 +131,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -139,13 +156,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -161,13 +181,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -198,32 +221,41 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
-    awq::int4_mm_driver(
-        X, M, QW, S, Z, nullptr, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            // tiles are 64 wide and 64-aligned (I % 32 == 0): columns [n_start, n_start + 32) are gate,
-            // [n_start + 32, n_end) up, for the outputs [o_start, o_start + 32)
-            const int64_t o_start = n_start / 2;
-            alignas(64) float _awq_silu_mul_buf[static_cast<int64_t>(1024L)]; float* awq_silu_mul_buf = _awq_silu_mul_buf;
-            awq::silu_mul_tile(awq_acc, m_end - m_start, awq_silu_mul_buf, 32);
-            // store_output: Inductor's epilogues over the silu(gate) * up tile
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        // tiles are 64 wide and 64-aligned (I % 32 == 0): columns [n_start, n_start + 32) are gate,
+        // [n_start + 32, n_end) up, for the outputs [o_start, o_start + 32)
+        const int64_t o_start = n_start / 2;
+        alignas(64) float _awq_silu_mul_buf[static_cast<int64_t>(1024L)]; float* awq_silu_mul_buf = _awq_silu_mul_buf;
+        awq::silu_mul_tile(awq_acc, m_end - m_start, awq_silu_mul_buf, 32);
+        // store_output: Inductor's epilogues over the silu(gate) * up tile
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, nullptr, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
-    def test_isa_specific_kernels_inlined(self):
-        """AMX code has the tile kernel, AVX512 the dpbf16 decode kernel (M=1), portable neither."""
+    def test_isa_specific_driver_library(self):
+        """The kernel calls the driver library built for its ISA: AMX code has the tile kernel, AVX512
+        the dpbf16 decode kernel (M=1), portable neither."""
         for isa, want, dont in (("amx", "_tile_dpbf16ps", None), ("avx512", "_mm512_dpbf16_ps", "_tile_"),
                                 ("portable", None, "_mm512_dpbf16_ps")):
             with awq_config.patch(force_isa=isa):
                 x = torch.randn(1 if isa != "amx" else 64, K, dtype=torch.bfloat16)
                 f = torch.compile(lambda a: torch.ops.awq.int4_mm(a, *self.w))
                 _, code = compile_code(f, x, run=False)
+                library = native.driver_library(schemes.W4A16, isa, torch.bfloat16)
+                source = codegen.render_eager(schemes.W4A16, isa, torch.bfloat16)
+            self.assertIn(f'#define AWQ_DRIVER_LIBRARY "{library}"', code)
+            self.assertIn(f"_{isa}", os.path.basename(library))
             if want:
-                self.assertIn(want, code, isa)
+                self.assertIn(want, source, isa)
             if dont:
+                self.assertNotIn(dont, source, isa)
                 self.assertNotIn(dont, code, isa)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from awq_inductor import packing, schemes
 from awq_inductor.ops import oracles
-from awq_inductor.kernels import codegen
+from awq_inductor.kernels import codegen, native
 from awq_inductor import config as awq_config
 from awq_inductor import ops
 from golden_utils import AMX_RUNS, GoldenTestCase, awq_weights, compile_code
@@ -33,15 +33,18 @@ class TestGoldensW4A8(GoldenTestCase):
         emulate = isa == "amx" and not AMX_RUNS
         with awq_config.patch(force_isa=isa, amx_emulation=emulate):
             out, code = compile_code(f, x)
-            header = codegen.render_header(schemes.W4A8, isa, dtype)
+            header = codegen.render_driver_link(isa, dtype)
+            library = native.driver_library(schemes.W4A8, isa, dtype)
+            driver = codegen.render_eager(schemes.W4A8, isa, dtype, emulate)
         ref = oracles.int4_mm("int4_mm_a8", x, *self.w).float()
         err = ((out.float() - ref).abs().mean() / ref.abs().mean()).item()
         self.assertLess(err, 0.03)
         region = self.golden_region(code, "int4_mm_a8", header=header)
+        self.assertIn(f'#define AWQ_DRIVER_LIBRARY "{library}"', code)  # the driver built from `driver`
         if isa != "portable":
-            self.assertIn("_mm512_dpbusd_epi32", code)
+            self.assertIn("_mm512_dpbusd_epi32", driver)
         if isa == "amx":
-            self.assertIn("AWQ_TILE_DPBUSD(0, 4, 6)", code)
+            self.assertIn("AWQ_TILE_DPBUSD(0, 4, 6)", driver)
         return region
 
     def test_avx512_static(self):
@@ -56,13 +59,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
-    awq::int4_mm_a8_driver(
-        X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -78,13 +84,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
-    awq::int4_mm_a8_driver(
-        X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -100,13 +109,16 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t G = 64;
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
-    awq::int4_mm_a8_driver(
-        X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_bfloat16"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
 
@@ -122,12 +134,15 @@ void kernel(const float* X, const uint8_t* QW, const float* S, const uint8_t* Z,
     constexpr int64_t G = 64;
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
-    awq::int4_mm_a8_driver(
-        X, M, QW, S, Z, C, B, N, K, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // plan: default
-        [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
-            float* awq_acc_buf = const_cast<float*>(awq_acc);
-            <inductor store_output>
-        });
+    using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+    static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_float32"));
+    auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
+        float* awq_acc_buf = const_cast<float*>(awq_acc);
+        <inductor store_output>
+    };
+    awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
+        5, 8, 9, 0,  // plan: default
+        awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")

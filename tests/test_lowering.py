@@ -92,7 +92,7 @@ def test_static_shapes(isa, case):
         out, codes = run_and_get_code(torch.compile(w.op, fullgraph=True), x)
     check(out, w.ref(x), dtype)
     code = kernel_code(codes)
-    assert "awq::int4_mm_driver" in code and f"isa={isa}" in code
+    assert "awq_int4_mm_driver_" in code and f"isa={isa}" in code
     assert "torch.ops.awq.int4_mm" not in code
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
 
@@ -109,7 +109,7 @@ def test_dynamic_m_no_recompile(isa, dtype):
             if i == 0:
                 out, codes = run_and_get_code(f, x)
                 code = kernel_code(codes)
-                assert "awq::int4_mm_driver" in code and "torch.ops.awq.int4_mm" not in code
+                assert "awq_int4_mm_driver_" in code and "torch.ops.awq.int4_mm" not in code
                 assert "const int64_t M = static_cast<int64_t>(ks" in code
             else:
                 out = f(x)
@@ -123,7 +123,7 @@ def test_large_shape_one_point():
     x = torch.randn(4, 4096, dtype=torch.bfloat16)
     out, codes = run_and_get_code(torch.compile(w.op), x)
     check(out, w.ref(x), torch.bfloat16)
-    assert "awq::int4_mm_driver" in kernel_code(codes)
+    assert "awq_int4_mm_driver_" in kernel_code(codes)
 
 
 def test_group_size_k_and_noncontiguous_x():
@@ -131,7 +131,7 @@ def test_group_size_k_and_noncontiguous_x():
     xt = torch.randn(96, 7, dtype=torch.bfloat16)
     out, codes = run_and_get_code(torch.compile(lambda a: w.op(a.t())), xt)
     check(out, w.ref(xt.t()), torch.bfloat16)
-    assert "awq::int4_mm_driver" in kernel_code(codes)
+    assert "awq_int4_mm_driver_" in kernel_code(codes)
 
 
 def test_default_isa_follows_pick_vec_isa():
@@ -229,7 +229,7 @@ def test_symbolic_k_falls_back_to_extern_call():
     out, codes = run_and_get_code(torch.compile(f, dynamic=True), *args)
     code = kernel_code(codes)
     assert "torch.ops.awq.int4_mm.default(" in code
-    assert "awq::int4_mm_driver" not in code
+    assert "awq_int4_mm_driver_" not in code
     check(out, w.ref(args[0]), torch.float32)
 
 

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 import torch
 
+from ..kernels import native
 from . import lowering, register
 
 BACKEND_NAME = "awq_inductor"
@@ -113,7 +114,10 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
     """Look up (or measure, ``config.tune == "auto"``) the kernel plan of every awq op shape in
     ``gm`` *before* Inductor computes its FX cache key, which covers the tuning cache's content:
     measured here, the first compile is keyed like every later one (measured during lowering,
-    the next process would miss the cache once). Returns the number of awq op calls seen."""
+    the next process would miss the cache once). Also builds, where missing, the library whose
+    driver the generated kernels call (``native.driver_library``): a graph found in Inductor's
+    cache is not lowered again, and its kernels look the library up on their first call.
+    Returns the number of awq op calls seen."""
     from ..kernels import tuning_cache
     from ..schemes import OPS
 
@@ -131,6 +135,8 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
             continue
         isa = isa or lowering.choose_isa()
         tuning_cache.plan_for(op, isa, x.dtype, int(x.shape[1]), int(node.args[-1]), int(node.args[-2]))
+        if x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+            native.driver_library(op.scheme, isa, x.dtype)
         seen += 1
     return seen
 

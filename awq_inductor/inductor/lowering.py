@@ -51,8 +51,8 @@ except ImportError as e:
 from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraphPass  # noqa: E402  (public)
 
 from .. import config as awq_config
-from ..kernels import background, cache_key, codegen, isa as isa_mod, tuning_cache
-from ..kernels.plan import NEVER, Plan
+from ..kernels import background, cache_key, codegen, isa as isa_mod, native, tuning_cache
+from ..kernels.plan import CXX_FIELDS, NEVER, Plan
 from ..ops.moe import expert_plans
 from ..kernels.toolchain import require_cxx
 from ..schemes import MOE_OPS, OPS, MoeOp, Op
@@ -460,9 +460,11 @@ class AwqTemplate(CppTemplate):
         inputs = {"X": X, **{w.kernel_input: n for w, n in zip(scheme.weights, self.input_nodes[1:1 + n_w])}}
         if self.has_bias:
             inputs["B"] = self.input_nodes[1 + n_w]
-        awq_header = codegen.render_header(scheme, self.isa, x_dtype)
+        awq_header = codegen.render_driver_link(self.isa, x_dtype)
         options = dict(
             kernel=kernel, template=self, isa=self.isa, scheme=scheme, op_label=f"awq::{op.name}{scheme.note}",
+            driver_library=_c_string(native.driver_library(scheme, self.isa, x_dtype)),
+            driver_symbol=native.driver_symbol(scheme, x_dtype), plan_fields=CXX_FIELDS,
             weight_inputs=", ".join(w.kernel_input for w in scheme.weights),
             X=X, Y=Y, Y_2d=Y_2d, GemmOut=gemm_out, kernel_inputs=inputs, aliases=aliases, has_bias=self.has_bias,
             N=op.columns(self.out_features), K=int(X.get_size()[1]), G=self.group_size,
@@ -480,6 +482,11 @@ class AwqTemplate(CppTemplate):
             for buf in fake_buffers:
                 stack.enter_context(patch.object(V.graph, "get_dtype", self._fake_get_dtype(buf)))
             return _inductor_env().get_template(TEMPLATE_NAME).render(**options)
+
+
+def _c_string(text: str) -> str:
+    """``text`` inside a C string literal."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,14 +106,25 @@ def render_header(scheme: Scheme, isa: str, x_dtype: Union[torch.dtype, str],
     defaults of ``awq::Thresholds`` (they pick the kernels inside the plan). ``amx_emulate`` (default ``config.amx_emulation``): the ``AWQ_TILE_*`` macros expand to
     the scalar tile emulator instead of the ``_tile_*`` intrinsics."""
     isa = isa_mod.check(isa)
-    emu = isa_mod.amx_emulated(amx_emulate)
-    kw = dict(isa=isa, x_dtype=dtype_name(x_dtype), tile_m=TILE_M, tile_n=TILE_N,
-              amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m),
-              bf16_f32_min_m=BF16_F32_MIN_M, decode_prefetch=DEFAULT_DECODE_PREFETCH,
-              amx_groups_max_m=AMX_GROUPS_MAX_M, amx_emulate=emu,
-              gcc_target=isa_mod.gcc_target(isa, emu))
     names = _RUNTIME + (scheme.header,) + isa.micro[scheme.name]
-    return "\n".join(_render(n, **kw) for n in names)
+    return "\n".join(_render(n, **_header_kwargs(isa, x_dtype, amx_emulate)) for n in names)
+
+
+def render_driver_link(isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:
+    """What a generated kernel that calls a scheme's built driver (``entry/inductor.cpp.j2``) needs:
+    ``runtime/base.h`` (tile sizes, conversions) and ``runtime/driver_link.h`` (the lookup)."""
+    isa = isa_mod.check(isa)
+    kw = _header_kwargs(isa, x_dtype, amx_emulate)
+    return "\n".join(_render(n, **kw) for n in ("runtime/base.h.j2", "runtime/driver_link.h.j2"))
+
+
+def _header_kwargs(isa, x_dtype, amx_emulate: Optional[bool]) -> dict:
+    emu = isa_mod.amx_emulated(amx_emulate)
+    return dict(isa=isa, x_dtype=dtype_name(x_dtype), tile_m=TILE_M, tile_n=TILE_N,
+                amx_min_m=int(config.amx_min_m), panel_min_m=int(config.panel_min_m),
+                bf16_f32_min_m=BF16_F32_MIN_M, decode_prefetch=DEFAULT_DECODE_PREFETCH,
+                amx_groups_max_m=AMX_GROUPS_MAX_M, amx_emulate=emu,
+                gcc_target=isa_mod.gcc_target(isa, emu))
 
 
 def render_moe_header(mop, isa: str, x_dtype: Union[torch.dtype, str], amx_emulate: Optional[bool] = None) -> str:

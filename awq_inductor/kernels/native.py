@@ -147,13 +147,35 @@ def int4_mm_args(n_weights: int) -> list:
 DEQUANT_ARGS = [VP, VP, VP, I64, I64, I64, I64, I64, VP, INT]
 
 
+def _scheme(scheme_name: str) -> Scheme:
+    return next(s for s in SCHEMES.values() if s.name == scheme_name)
+
+
+@functools.lru_cache(maxsize=None)
+def _library_path(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> str:
+    """The shared object of one scheme (all its ops and its driver entry), built, not loaded."""
+    scheme = _scheme(scheme_name)
+    src = codegen.render_eager(scheme, isa, x_dtype, emulate)
+    return build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}", isa=isa_tag(isa, emulate))
+
+
 @functools.lru_cache(maxsize=None)
 def _library(scheme_name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
-    """The shared object of one scheme (all its ops), loaded once and kept alive."""
-    scheme = next(s for s in SCHEMES.values() if s.name == scheme_name)
-    require_amx_permission(isa, emulate, uses_amx_tiles(scheme, x_dtype))
-    src = codegen.render_eager(scheme, isa, x_dtype, emulate)
-    return library(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{scheme.op_prefix}", isa=isa_tag(isa, emulate))
+    """The shared object of one scheme, loaded once and kept alive."""
+    require_amx_permission(isa, emulate, uses_amx_tiles(_scheme(scheme_name), x_dtype))
+    return _load(_library_path(scheme_name, isa, x_dtype, emulate))
+
+
+def driver_symbol(scheme: Scheme, x_dtype: torch.dtype) -> str:
+    """The extern "C" driver entry of ``scheme`` for ``x_dtype`` in its library (entry/eager.cpp.j2)."""
+    return f"awq_{scheme.op_prefix}_driver_{codegen.dtype_name(x_dtype)}"
+
+
+def driver_library(scheme: Scheme, isa: str, x_dtype: torch.dtype) -> str:
+    """Path of the library (built here if missing, not loaded: the generated kernel dlopens it on
+    its first call) whose :func:`driver_symbol` the Inductor template calls, for the emulation
+    setting of ``config.amx_emulation`` (as the template's header)."""
+    return _library_path(scheme.name, isa, x_dtype, emulated(isa))
 
 
 @functools.lru_cache(maxsize=None)
@@ -231,6 +253,7 @@ def forget_kernels() -> None:
     _kernel.cache_clear()
     _dequant.cache_clear()
     _library.cache_clear()
+    _library_path.cache_clear()
     _load.cache_clear()
 
 
