@@ -274,8 +274,8 @@ def _compiled_code(lin, x):
 
 
 @pytest.mark.parametrize("winner,literal", [
-    ("decode_bf16", f"awq::Thresholds{{{config.amx_min_m}, {NEVER}, {NEVER}, 512}}"),
-    ("panel", f"awq::Thresholds{{{config.amx_min_m}, 1, 1, 512}}"),
+    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512,  // plan: tuned"),
+    ("panel", f"        {config.amx_min_m}, 1, 1, 512,  // plan: tuned"),
 ])
 def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
     """Two candidate timings forced: the compiled kernel's thresholds select the faster one (and
