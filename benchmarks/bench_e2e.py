@@ -10,7 +10,7 @@ zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The e
 ``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints: ours (compiled and eager)
 reads it with our GEMV at decode (``convert``'s default ``lm_head="bf16"``), the baselines with
 ``F.linear``; ``flinearhead`` is ours compiled with the head on ``F.linear`` (``lm_head=None``);
-``int8head`` is ours compiled with the opt-in ``convert(model, lm_head="int8")``.
+``int8head`` / ``int4head`` are ours compiled with the opt-in ``convert(model, lm_head="int8" | "int4")``.
 
 ``--batch-sizes 1,2,4,8,16``: batched decode instead, aggregate decode tok/s (every row's tokens)
 per batch size for ``--batch-methods`` (W4A16 and W4A8 ours compiled, int4pack, dense) on
@@ -83,6 +83,9 @@ def time_peer(method: str, path, ids, a):
     return peers.llama_bench(a.llama_bench, path, ids.shape[1], a.new_tokens, a.threads)
 
 
+#: method -> the opt-in ``convert(model, lm_head=...)`` it times (after the rounds)
+HEAD_METHODS = {"int8head": "int8", "int4head": "int4"}
+
 #: methods timed inside the interleaved rounds (with the peers): name -> label suffix
 ROUND_METHODS = {"compiled": "", "compiledwhole": " (whole model)", "compiled4k": " (weights on 4 KiB pages)",
                  "compiledw4a8": ", W4A8 (act_quant=int8)"}
@@ -95,7 +98,7 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense",
-                   help="any of compiled, compiledwhole, compiled4k, compiledw4a8, int8head, flinearhead, eager, int4pack, "
+                   help="any of compiled, compiledwhole, compiled4k, compiledw4a8, int8head, int4head, flinearhead, eager, int4pack, "
                         "dense and the peers " + ", ".join(PEERS) + " (GGUF files of the same weights)")
     p.add_argument("--llama-bench", metavar="PATH", default=None,
                    help="a llama-bench binary of ik_llama.cpp you built: times the ikllama rows")
@@ -155,11 +158,12 @@ def main(argv=None):
         for label, runs in rounds.items():
             print(f"  {label}: decode tok/s per round " + ", ".join(f"{run[1]:.2f}" for run in runs) +
                   "; prefill " + ", ".join(f"{run[0]:.1f}" for run in runs))
-    if "int8head" in methods:  # the opt-in int8 lm_head on the same model (a copy; compiled)
-        m8 = convert(copy.deepcopy(model), lm_head="int8")
-        compile_for_generate(m8)  # its own recompile budget (isolated per layer kind)
-        res["ours compiled, int8 head"] = bench(m8, ids, a.new_tokens, "ours compiled, int8 lm_head")
-        del m8
+    for method, head in HEAD_METHODS.items():  # an opt-in quantized lm_head on a copy, compiled
+        if method in methods:
+            mq = convert(copy.deepcopy(model), lm_head=head)
+            compile_for_generate(mq)  # its own recompile budget (isolated per layer kind)
+            res[f"ours compiled, {head} head"] = bench(mq, ids, a.new_tokens, f"ours compiled, {head} lm_head")
+            del mq
     if "flinearhead" in methods:  # ours compiled with the head on F.linear (lm_head=None): the GEMV's share
         mf = copy.deepcopy(model)
         head = mf.get_output_embeddings()
