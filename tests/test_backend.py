@@ -148,7 +148,7 @@ def test_sources_hash_covers_j2_files(monkeypatch, tmp_path):
     (tdir / lowering.TEMPLATE_NAME).write_text((tdir / lowering.TEMPLATE_NAME).read_text() + "\n// edit\n")
     h1 = lowering.sources_hash()
     assert h1 != h0
-    for name in (lowering.MOE_TEMPLATE_NAME, "moe/experts.h.j2"):  # the MoE template and what it inlines
+    for name in (lowering.MOE_TEMPLATE_NAME, "moe/experts.h.j2"):  # the MoE template and its library's experts loop
         (tdir / name).write_text((tdir / name).read_text() + "\n// edit\n")
         assert lowering.sources_hash() != h1
         h1 = lowering.sources_hash()

@@ -260,8 +260,9 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
 
 
 class TestMoeGolden(GoldenTestCase):
-    """awq::int4_moe through AwqMoeTemplate (entry/moe_inductor.cpp.j2): the experts driver call
-    with both GEMM shapes' plans rendered in; the scheme and MoE headers inlined verbatim."""
+    """awq::int4_moe through AwqMoeTemplate (entry/moe_inductor.cpp.j2): the call of the op's entry
+    in its built library, with both GEMM shapes' plans rendered in; the link header inlined
+    verbatim."""
 
     def test_int4_moe_avx512_dynamic(self):
         from awq_inductor.ops import moe
@@ -282,8 +283,9 @@ class TestMoeGolden(GoldenTestCase):
             out, code = compile_code(f, x, ids, tw)
             # (4 Inductor threads here, the eager op's thread count may differ: K-slicing may too)
             assert_close_scaled(out, mop.torch_op(x, ids, tw, *W, G, I))
-            header = codegen.render_header(schemes.W4A16, "avx512", torch.bfloat16)
-            self.assertIn(codegen.render_moe_header(mop, "avx512", torch.bfloat16), code)
+            header = codegen.render_driver_link("avx512", torch.bfloat16)
+            library = moe.entry_library(mop, "avx512", torch.bfloat16)
+        self.assertIn(f'#define AWQ_DRIVER_LIBRARY "{library}"', code)
         self.assertExpectedInline(self.golden_region(code, "int4_moe", header=header), """\
 // BEGIN awq
 extern "C"

@@ -71,6 +71,7 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         raise TypeError(f"awq_inductor_backend: unexpected arguments {sorted(kwargs)}")
     route_bf16_linears(gm)
     tune_graph(gm)
+    build_libraries(gm)
     register()
     return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra))
 
@@ -114,10 +115,7 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
     """Look up (or measure, ``config.tune == "auto"``) the kernel plan of every awq op shape in
     ``gm`` *before* Inductor computes its FX cache key, which covers the tuning cache's content:
     measured here, the first compile is keyed like every later one (measured during lowering,
-    the next process would miss the cache once). Also builds, where missing, the library whose
-    driver the generated kernels call (``native.driver_library``): a graph found in Inductor's
-    cache is not lowered again, and its kernels look the library up on their first call.
-    Returns the number of awq op calls seen."""
+    the next process would miss the cache once). Returns the number of awq op calls seen."""
     from ..kernels import tuning_cache
     from ..schemes import OPS
 
@@ -135,10 +133,31 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
             continue
         isa = isa or lowering.choose_isa()
         tuning_cache.plan_for(op, isa, x.dtype, int(x.shape[1]), int(node.args[-1]), int(node.args[-2]))
-        if x.dtype in (torch.bfloat16, torch.float16, torch.float32):
-            native.driver_library(op.scheme, isa, x.dtype)
         seen += 1
     return seen
+
+
+def build_libraries(gm: torch.fx.GraphModule) -> None:
+    """Build, where missing, the libraries whose entries the kernels generated from our templates
+    call (``native.driver_library``, ``ops.moe.entry_library``). Why here: a graph found in
+    Inductor's cache is not lowered again, and its kernels look their library up on their first
+    call (a cleared ``~/.cache/awq_inductor`` beside a kept Inductor cache)."""
+    from ..ops import moe as moe_kernels
+    from ..schemes import MOE_OPS, OPS
+
+    dense = {t: op for op in OPS.values() for t in (op.torch_op, op.torch_op.default)}
+    moe = {t: mop for mop in MOE_OPS.values() for t in (mop.torch_op, mop.torch_op.default)}
+    for node in gm.graph.nodes:
+        target = node.target if node.op == "call_function" else None
+        if (target not in dense and target not in moe) or not node.args:
+            continue
+        x = getattr(node.args[0], "meta", {}).get("val")
+        if x is None or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            continue
+        if target in moe:
+            moe_kernels.entry_library(moe[target], lowering.choose_isa(), x.dtype)
+        else:
+            native.driver_library(dense[target].scheme, lowering.choose_isa(), x.dtype)
 
 
 def _entry_point_installed() -> bool:

@@ -53,7 +53,7 @@ from torch._inductor.custom_graph_pass import CustomGraphModulePass, CustomGraph
 from .. import config as awq_config
 from ..kernels import background, cache_key, codegen, isa as isa_mod, native, tuning_cache
 from ..kernels.plan import CXX_FIELDS, NEVER, Plan
-from ..ops.moe import expert_plans
+from ..ops import moe as moe_kernels
 from ..kernels.toolchain import require_cxx
 from ..schemes import MOE_OPS, OPS, MoeOp, Op
 
@@ -581,17 +581,18 @@ class AwqMoeTemplate(CppTemplate):
         names2 = [f"W2_{w.kernel_input}" for w in scheme.weights]
         inputs = {"X": X, "IDS": ids, "TW": tw, **dict(zip(names13, w13)), **dict(zip(names2, w2))}
         x_dtype = X.get_dtype()
-        awq_header = codegen.render_header(scheme, self.isa, x_dtype)
+        awq_header = codegen.render_driver_link(self.isa, x_dtype)
         p13, p2 = self.plans
         options = dict(
             kernel=kernel, isa=self.isa, scheme=scheme, moe=mop, op_label=f"awq::{mop.name}{scheme.note}",
+            driver_library=_c_string(moe_kernels.entry_library(mop, self.isa, x_dtype)),
+            entry_symbol=moe_kernels.entry_symbol(mop, x_dtype), plan_fields=CXX_FIELDS,
             X=X, Y=Y, kernel_inputs=inputs, w13_inputs=", ".join(names13), w2_inputs=", ".join(names2),
             E=int(w13[0].get_size()[0]), H=int(X.get_size()[1]), I=self.intermediate_size, G=self.group_size,
             topk=int(ids.get_size()[1]), is_dynamic_T=bool(free_symbols(X.get_size()[0])),
             num_threads=self.num_threads, export_declaration=get_export_declaration(),
             x_ctype=DTYPE_TO_CPP[x_dtype], inductor_header=self.header().getvalue(), awq_header=awq_header,
             awq_header_hash=hashlib.sha256(awq_header.encode()).hexdigest()[:16],
-            moe_header=codegen.render_moe_header(mop, self.isa, x_dtype),
             th13=p13.cxx(), th2=p2.cxx(), plan13_note=_plan_note(p13), plan2_note=_plan_note(p2),
         )
         return _inductor_env().get_template(MOE_TEMPLATE_NAME).render(**options)
@@ -638,7 +639,7 @@ def lower_moe(mop: MoeOp, x, topk_ids, topk_weights, *args):
     threads = awq_config.num_threads or parallel_num_threads()
     isa = choose_isa()
     H, I, G = int(x_.get_size()[1]), int(intermediate_size), int(group_size)
-    plans = expert_plans(mop, isa, x_.get_dtype(), H, I, G)
+    plans = moe_kernels.expert_plans(mop, isa, x_.get_dtype(), H, I, G)
     tmpl = AwqMoeTemplate(mop, tensors, layout, threads, group_size=G, intermediate_size=I, isa=isa, plans=plans)
     log.debug("%s: template isa=%s H=%s I=%s G=%s", mop.name, isa, H, I, G)
     out = tmpl.generate().output_node()

@@ -137,23 +137,41 @@ def moe_args(n_weights: int) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
+@functools.lru_cache(maxsize=None)
+def _library_path(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> str:
+    """The built (not loaded) library of one MoE op: the scheme's header, the experts loop and the
+    ``extern "C"`` entry that both the eager kernel and the Inductor template call."""
     mop = MOE_OPS[name]
-    native.require_amx_permission(isa, emulate, native.uses_amx_tiles(mop.scheme, x_dtype))
     header = codegen.render_header(mop.scheme, isa, x_dtype, emulate)
     kw = dict(isa=isa_mod.get(isa), x_dtype=codegen.dtype_name(x_dtype), gcc_target=isa_mod.gcc_target(isa, emulate))
     moe_header = codegen.render_moe_header(mop, isa, x_dtype, emulate)
     src = codegen.env().get_template("entry/moe_eager.cpp.j2").render(moe=mop, scheme=mop.scheme, header=header,
                                                                        moe_header=moe_header, plan_fields=CXX_FIELDS, **kw)
-    return native.library(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
-                          isa=native.isa_tag(isa, emulate))
+    return native.build(src, isa_mod.compile_flags(isa, emulate), name=f"awq_{mop.name}",
+                        isa=native.isa_tag(isa, emulate))
+
+
+def entry_symbol(mop: MoeOp, x_dtype: torch.dtype) -> str:
+    """The ``extern "C"`` entry of ``mop`` for ``x_dtype`` (entry/moe_eager.cpp.j2)."""
+    return f"{mop.c_entry}_{codegen.dtype_name(x_dtype)}"
+
+
+def entry_library(mop: MoeOp, isa: str, x_dtype: torch.dtype) -> str:
+    """Path of the library (built here if missing, not loaded) whose :func:`entry_symbol` the
+    Inductor template calls, for the emulation setting of ``config.amx_emulation``."""
+    return _library_path(mop.name, isa, x_dtype, native.emulated(isa))
+
+
+@functools.lru_cache(maxsize=None)
+def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
+    native.require_amx_permission(isa, emulate, native.uses_amx_tiles(MOE_OPS[name].scheme, x_dtype))
+    return ctypes.CDLL(_library_path(name, isa, x_dtype, emulate))
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> Callable:
     mop = MOE_OPS[name]
-    fn = native.bind(_library(name, isa, x_dtype, emulate), f"{mop.c_entry}_{codegen.dtype_name(x_dtype)}",
-                     moe_args(len(mop.scheme.weights)))
+    fn = native.bind(_library(name, isa, x_dtype, emulate), entry_symbol(mop, x_dtype), moe_args(len(mop.scheme.weights)))
 
     def kernel(x, topk_ids, topk_weights, *args, plans: Optional[Tuple[Plan, Plan]] = None):
         """``plans``: (gate|up, down) thresholds (default: the constants)."""
@@ -181,6 +199,7 @@ def get_kernel(name: str, x_dtype: torch.dtype, isa: Optional[str] = None) -> Ca
 def forget_kernels() -> None:
     _kernel.cache_clear()
     _library.cache_clear()
+    _library_path.cache_clear()
 
 
 def _register(mop: MoeOp) -> None:
