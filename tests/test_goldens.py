@@ -299,11 +299,14 @@ void kernel(const at::BFloat16* X, const int64_t* IDS, const float* TW, const ui
     constexpr int64_t topk = 2;
     const int64_t T = static_cast<int64_t>(s0);
     if (T <= 0) return;
-    awq::int4_moe_driver(
-        X, T, IDS, TW, topk, W13_QW, W13_S, W13_Z,
+    using awq_moe_t = void (*)(const void*, int64_t, const int64_t*, const float*, int64_t,
+        const uint8_t*, const float*, const uint8_t*, const uint8_t*, const float*, const uint8_t*, void*, int64_t, int64_t, int64_t, int64_t, int,
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+    static const auto awq_moe = reinterpret_cast<awq_moe_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_moe_bfloat16"));
+    awq_moe(X, T, IDS, TW, topk, W13_QW, W13_S, W13_Z,
         W2_QW, W2_S, W2_Z, Y, E, H, I, G, 4,
-        awq::Thresholds{5, 8, 9, 0},  // gate|up plan: default
-        awq::Thresholds{5, 8, 9, 0});  // down plan: default
+        5, 8, 9, 0,  // gate|up plan: default
+        5, 8, 9, 0);  // down plan: default
 }
 // END awq""")
 
