@@ -30,7 +30,7 @@ AMX_RUNS = bool(torch.cpu._is_amx_tile_supported())
 
 BEGIN, END = "// BEGIN awq", "// END awq"
 STORE_PLACEHOLDER = " " * 8 + "<inductor store_output>"
-# a line after which the store lambda's body is Inductor's (elided up to the closing "});")
+# a line after which the store lambda's body is Inductor's (elided up to the closing "};")
 _STORE_STARTS = ("awq_acc_buf = const_cast<float*>(awq_acc);", "// store_output:")
 
 

@@ -296,3 +296,41 @@ def test_heavy_isa_check_is_inferred_for_a_flag_subset(monkeypatch, first_passes
     assert VecISA.check_build(VecAVX512(), "int main() {}")  # other probes are always built
     expected = [("VecAVX512VNNI", True)] + ([] if first_passes else [("VecAVX512", True)])
     assert built == expected + [("VecAVX2", True), ("VecAVX512", False)]
+
+
+_REBUILD_SCRIPT = textwrap.dedent("""
+    import glob, os, sys, torch
+    sys.path.insert(0, {tests!r})
+    from helpers import op_args
+    from torch._dynamo.utils import counters
+    from torch._inductor import config as iconfig
+    from awq_inductor.inductor import backend
+    from awq_inductor.kernels import native
+    from awq_inductor.ops import oracles
+
+    w = op_args("int4_mm", 64, 128, 32, bias=False, seed=5, scale=0.05, signed=False)
+    x = torch.randn(5, 128)
+    with iconfig.patch({{"fx_graph_cache": True, "fx_graph_remote_cache": False, "force_disable_caches": False}}):
+        f = torch.compile(lambda a: torch.ops.awq.int4_mm(a, *w) + 1, backend=backend.awq_inductor_backend)
+        torch.testing.assert_close(f(x), oracles.int4_mm("int4_mm", x, *w) + 1, atol=1e-4, rtol=1e-4)
+    print("hits", counters["inductor"]["fxgraph_cache_hit"], "libraries",
+          len(glob.glob(os.path.join(native.cache_dir(), "awq_int4_mm_*.so"))))
+""")
+
+
+def test_cached_graph_finds_its_driver_library_rebuilt(tmp_path):
+    """A graph found in Inductor's cache by a new process after our kernel cache was cleared: the
+    backend rebuilds the library its kernel calls (else the kernel's lookup aborts the process)."""
+    awq_cache = tmp_path / "awq"
+    env = dict(os.environ, AWQ_INDUCTOR_CACHE_DIR=str(awq_cache), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"))
+    script = _REBUILD_SCRIPT.format(tests=os.path.dirname(__file__))
+
+    def child():
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    assert child() == "hits 0 libraries 1"
+    for lib in awq_cache.glob("awq_int4_mm_*.so"):
+        lib.unlink()
+    assert child() == "hits 1 libraries 1"

@@ -151,7 +151,8 @@ def build_libraries(gm: torch.fx.GraphModule) -> None:
         target = node.target if node.op == "call_function" else None
         if (target not in dense and target not in moe) or not node.args:
             continue
-        x = getattr(node.args[0], "meta", {}).get("val")
+        meta = getattr(node.args[0], "meta", {})
+        x = meta.get("example_value", meta.get("val"))
         if x is None or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             continue
         if target in moe:

@@ -137,7 +137,6 @@ def moe_args(n_weights: int) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def _library_path(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> str:
     """The built (not loaded) library of one MoE op: the scheme's header, the experts loop and the
     ``extern "C"`` entry that both the eager kernel and the Inductor template call."""
@@ -164,6 +163,7 @@ def entry_library(mop: MoeOp, isa: str, x_dtype: torch.dtype) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _library(name: str, isa: str, x_dtype: torch.dtype, emulate: bool) -> ctypes.CDLL:
+    """The library of one MoE op, loaded once and kept alive (the eager kernel's)."""
     native.require_amx_permission(isa, emulate, native.uses_amx_tiles(MOE_OPS[name].scheme, x_dtype))
     return ctypes.CDLL(_library_path(name, isa, x_dtype, emulate))
 
