@@ -247,3 +247,15 @@ def test_prefill_dispatch_mirrors_transformers_sdpa():
         got, _ = attention.awq_sdpa_attention_forward(mod, q, k, v, None, scaling=0.125, is_causal=False)
         want, _ = sdpa_attention_forward(mod, q, k, v, None, scaling=0.125, is_causal=False)
     assert torch.equal(got, want)
+
+
+def test_prefill_library_is_rendered_for_one_head_size():
+    """One register blocking per library (g++ time): the source for head size 128 instantiates only
+    run<8>, and each head size the kernel supports gets its own library."""
+    from awq_inductor.kernels import codegen, isa as isa_mod
+    from awq_inductor.ops import attention as attention_ops
+
+    src = codegen.env().get_template("attention/prefill_attention.cpp.j2").render(isa=isa_mod.get("avx512"), head_dim=128)
+    assert "case 128: return run<8>(a, num_threads);" in src and "run<4>" not in src and "run<16>" not in src
+    if isa_mod.select().avx512_bf16:
+        assert attention_ops._prefill_kernel(64) is not attention_ops._prefill_kernel(128)

@@ -100,12 +100,13 @@ def test_warm_compiler_picks_inductors_isa_and_leaves_its_header_built(tmp_path,
     import sys
 
     code = r"""
-import torch, torch._inductor.codecache as cc
+import torch
+from torch._inductor.cpp_builder import CppBuilder
 from awq_inductor.inductor import lowering
 from awq_inductor.integrations.generation import warm_inductor
-built = []
-orig = cc._worker_compile_cpp
-cc._worker_compile_cpp = lambda lock, builders: (built.append(builders[0].get_target_file_path()), orig(lock, builders))[1]
+built = []  # what g++ actually built (a second thread asking for the same header waits, builds nothing)
+orig = CppBuilder.build
+CppBuilder.build = lambda self: (built.append(self.get_target_file_path()), orig(self))[1]
 import threading
 warm_inductor()
 for th in threading.enumerate():

@@ -129,8 +129,10 @@ def _native_kernels_of(model: nn.Module) -> list:
     out = []
     if getattr(model, "dtype", None) != torch.bfloat16:  # both kernels are bf16-only
         return out
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) == attention_integration.NAME:
-        out.append(attention.prebuild)
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "_attn_implementation", None) == attention_integration.NAME:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        out.append(functools.partial(attention.prebuild, head_dim))
     get_head = getattr(model, "get_output_embeddings", None)
     if get_head is not None and type(get_head()) is Bf16HeadLinear:
         out.append(head_bf16.prebuild)
@@ -153,7 +155,7 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
                 with background.build_step():
                     build()
             except Exception as e:  # noqa: BLE001  (the first call raises it with its context)
-                log.debug("awq_inductor: prebuilding %s failed: %s", build.__module__, e)
+                log.debug("awq_inductor: prebuilding %s failed: %s", getattr(build, "func", build).__module__, e)
 
     return background.start("awq-prebuild", run)
 

@@ -88,13 +88,13 @@ def _prefill_attention_cpu(query, key, value, mask, scaling):
 
 
 @functools.lru_cache(maxsize=None)
-def _native_kernel(template: str, symbol: str, argtypes: tuple):
-    """One of our C++ attention kernels (``csrc_templates/attention/<template>``, returning an int
-    code), or None without AVX512-BF16."""
+def _native_kernel(template: str, symbol: str, argtypes: tuple, **render):
+    """One of our C++ attention kernels (``csrc_templates/attention/<template>`` rendered with
+    ``render``, returning an int code), or None without AVX512-BF16."""
     if not isa_mod.select().avx512_bf16:
         return None
     avx512 = isa_mod.get("avx512")
-    return native.c_function(template, symbol, argtypes, INT, flags=list(avx512.flags), isa=avx512)
+    return native.c_function(template, symbol, argtypes, INT, flags=list(avx512.flags), isa=avx512, **render)
 
 
 #: q, B, Hq, T, D, q strides (3); k, Hkv, L, k strides (3); v, v strides (3); mask, mask strides (3);
@@ -105,14 +105,21 @@ _PREFILL_ARGS = (VP, *[I64] * 7, VP, *[I64] * 5, VP, *[I64] * 3, VP, *[I64] * 3,
 _DECODE_ARGS = (VP, *[I64] * 5, VP, *[I64] * 5, VP, *[I64] * 3, VP, I64, FLOAT, VP, I64, I64, INT)
 
 
-def prebuild() -> None:
-    """Build (or find in the cache) the prefill and decode kernels now, not at the first call."""
-    _prefill_kernel()
+#: head sizes the prefill kernel has register blockings for (one library per size)
+PREFILL_HEAD_DIMS = (64, 128, 256)
+
+
+def prebuild(head_dim: int) -> None:
+    """Build (or find in the cache) the prefill kernel of ``head_dim`` and the decode kernel now,
+    not at the first call."""
+    if head_dim in PREFILL_HEAD_DIMS:
+        _prefill_kernel(head_dim)
     _kernel()
 
 
-def _prefill_kernel():
-    return _native_kernel("attention/prefill_attention.cpp.j2", "awq_prefill_attention", _PREFILL_ARGS)
+def _prefill_kernel(head_dim: int):
+    return _native_kernel("attention/prefill_attention.cpp.j2", "awq_prefill_attention", _PREFILL_ARGS,
+                          head_dim=head_dim)
 
 
 def _native_prefill_attention(query, key, value, mask, scaling):
@@ -122,7 +129,7 @@ def _native_prefill_attention(query, key, value, mask, scaling):
     B, Hq, T, D = query.shape
     Hkv, L = key.shape[1], key.shape[2]
     if (query.dtype != torch.bfloat16 or key.dtype != torch.bfloat16 or value.dtype != torch.bfloat16
-            or D not in (64, 128, 256) or Hq % Hkv or Hq // Hkv > 64 or T == 0 or L == 0
+            or D not in PREFILL_HEAD_DIMS or Hq % Hkv or Hq // Hkv > 64 or T == 0 or L == 0
             or query.stride(-1) != 1 or key.stride(-1) != 1 or value.stride(-1) != 1 or value.shape[2] != L):
         return None
     if mask is None:
@@ -135,7 +142,7 @@ def _native_prefill_attention(query, key, value, mask, scaling):
             return None
         m = mask[:, 0].expand(B, T, L)
         ms = m.stride()
-    fn = _prefill_kernel()
+    fn = _prefill_kernel(D)
     if fn is None:
         return None
     out = torch.empty(B, T, Hq, D, dtype=torch.bfloat16)
