@@ -97,7 +97,7 @@ def main(argv=None):
         if peaks:  # operations per ms of the op over those of the peak pass of the same reps
             ops = 2 * M * a.N * a.K
             for op, kind in (("w4a16", "bf16"), ("w4a8", "int8")):
-                row[f"{op}_peak_share"] = round((ops / med[op]) / (peaks[kind][1] / med[f"peak_{kind}"]), 3)
+                row[f"{op}_peak_share"] = (ops / med[op]) / (peaks[kind][1] / med[f"peak_{kind}"])  # unrounded: a smoke shape is ~0.1%
             row["peak_TFLOPs"] = {k: round(ops_k / med[f"peak_{k}"] / 1e9, 3) for k, (_, ops_k) in peaks.items()}
             shares = f"{row['w4a16_peak_share']:21.0%} {row['w4a8_peak_share']:18.0%}"
         rows.append(row)
