@@ -119,7 +119,7 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
     from ..kernels import tuning_cache
     from ..schemes import OPS
 
-    by_target = {t: op for op in OPS.values() for t in (op.torch_op, op.torch_op.default)}
+    by_target = _by_target(OPS.values())
     seen = 0
     isa = None
     for node in gm.graph.nodes:
@@ -128,13 +128,25 @@ def tune_graph(gm: torch.fx.GraphModule) -> int:
         # another call form is looked up when it is lowered instead
         if op is None or len(node.args) != len(op.scheme.weights) + 4 or node.kwargs:
             continue
-        x = node.args[0].meta.get("example_value", node.args[0].meta.get("val"))
+        x = _first_arg_value(node)
         if x is None or x.dim() != 2 or not isinstance(x.shape[1], int):
             continue
         isa = isa or lowering.choose_isa()
         tuning_cache.plan_for(op, isa, x.dtype, int(x.shape[1]), int(node.args[-1]), int(node.args[-2]))
         seen += 1
     return seen
+
+
+def _by_target(ops) -> dict:
+    """Each op (``Op`` or ``MoeOp``) under both targets a graph may call it by."""
+    return {t: op for op in ops for t in (op.torch_op, op.torch_op.default)}
+
+
+def _first_arg_value(node: torch.fx.Node):
+    """The example value Dynamo (``example_value``) or a traced graph (``val``) recorded for the
+    node's first argument (x), or None."""
+    meta = getattr(node.args[0], "meta", {})
+    return meta.get("example_value", meta.get("val"))
 
 
 def build_libraries(gm: torch.fx.GraphModule) -> None:
@@ -145,14 +157,12 @@ def build_libraries(gm: torch.fx.GraphModule) -> None:
     from ..ops import moe as moe_kernels
     from ..schemes import MOE_OPS, OPS
 
-    dense = {t: op for op in OPS.values() for t in (op.torch_op, op.torch_op.default)}
-    moe = {t: mop for mop in MOE_OPS.values() for t in (mop.torch_op, mop.torch_op.default)}
+    dense, moe = _by_target(OPS.values()), _by_target(MOE_OPS.values())
     for node in gm.graph.nodes:
         target = node.target if node.op == "call_function" else None
         if (target not in dense and target not in moe) or not node.args:
             continue
-        meta = getattr(node.args[0], "meta", {})
-        x = meta.get("example_value", meta.get("val"))
+        x = _first_arg_value(node)
         if x is None or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
             continue
         if target in moe:
