@@ -235,14 +235,28 @@ extern "C" void kernel(const int64_t ks0) {
 """
 
 
+#: GCC target flags a passed flag implies for Inductor's heavy ISA check (the ATen vec headers built
+#: and dlopened): every CPU with AVX512F has AVX2, FMA and F16C, GCC's -mavx512f enables AVX2, and a
+#: torch whose AVX512 Sleef symbols resolve was built with its AVX2 kernels too (CPU_CAPABILITY
+#: DEFAULT, AVX2, AVX512). Why: with AVX512-VNNI passed, Inductor still built the AVX2 check (2.1 s
+#: of g++ in the demo's cold start on Zen 4, during loading, where the tuner waited for it) although
+#: it picks the first valid ISA, AVX512-VNNI.
+IMPLIED_ISA_FLAGS = {"-mavx512f": frozenset({"-mavx2", "-mfma", "-mf16c"})}
+
+
+def _implied(flags: frozenset) -> frozenset:
+    """``flags`` and every flag :data:`IMPLIED_ISA_FLAGS` derives from them."""
+    return flags.union(*(IMPLIED_ISA_FLAGS.get(f, frozenset()) for f in flags))
+
+
 def infer_subset_isa_checks() -> bool:
     """Answer Inductor's heavy vector-ISA check (``VecISA._avx_code``: ATen's vec headers built with
-    the ISA's flags and dlopened) without a build for an ISA whose flags are a subset of those of
-    one that passed it in this process: the same source with fewer target flags. Why: on Zen 4
-    ``valid_vec_isa_list()`` ran it for AVX512-VNNI and then again for AVX512 (flags a subset),
-    1.9-4.7 s of g++ each on a cold machine (a g++ log of the demo's cold start); AMX hosts ran it
-    three times. AVX2 (other flags, other headers) is still built. Idempotent; False where torch
-    has no ``VecISA._avx_code``."""
+    the ISA's flags and dlopened) without a build for an ISA whose flags are implied by those of
+    one that passed it in this process: a subset (the same source with fewer target flags), or
+    AVX2's after an AVX512 one (:data:`IMPLIED_ISA_FLAGS`). Why: on Zen 4
+    ``valid_vec_isa_list()`` ran it for AVX512-VNNI, then AVX512 and AVX2, 1.9-4.7 s of g++ each
+    on a cold machine (a g++ log of the demo's cold start); AMX hosts ran it four times.
+    Idempotent; False where torch has no ``VecISA._avx_code``."""
     from torch._inductor.cpu_vec_isa import VecISA
 
     heavy = getattr(VecISA, "_avx_code", None)
@@ -251,7 +265,7 @@ def infer_subset_isa_checks() -> bool:
         return False
     if getattr(check, "_awq_infers", False):
         return True
-    passed: list = []  # flag sets whose heavy check passed
+    passed: list = []  # implied flag sets of the ISAs whose heavy check passed
 
     @functools.wraps(check)
     def check_build(self, code: str) -> bool:
@@ -262,7 +276,7 @@ def infer_subset_isa_checks() -> bool:
             return True
         ok = check(self, code)
         if ok:
-            passed.append(flags)
+            passed.append(_implied(flags))
         return ok
 
     check_build._awq_infers = True
