@@ -1,4 +1,5 @@
 """Eager native kernels (awq_inductor.kernels.native) against the fp32 reference, for every ISA this CPU runs."""
+import dataclasses
 import os
 import random
 
@@ -298,3 +299,24 @@ def test_amx_emulator_semantics_and_misuse(tmp_path):
         r = subprocess.run([str(exe), str(mode)], capture_output=True, text=True)
         assert r.returncode != 0
         assert __import__("re").search(msg, r.stderr), (mode, r.stderr)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op_name", ["int4_mm", "int4_mm_a8", "int4_mm_silu_mul"])
+def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
+    """The decode kernels' prefetches (distance, next N tile into L2) are hints only: every setting of
+    the tuner's candidates gives the same bits as none, rows 1-8 (the decode kernels' rows), the
+    last tile's look-ahead past the weight's end included (N = 200: a partial last panel)."""
+    from awq_inductor.kernels import tuner
+
+    op = schemes.OPS[op_name]
+    N = 192 if op.spec.columns_per_output == 2 else 200
+    w = op_args(op_name, N, 256, 64, bias=False, seed=3)[:len(op.scheme.weights)]
+    kern = native.get_kernel(op_name, torch.bfloat16, isa)
+    base = kplan.forced_plan({"bf16_f32_min_m": 9, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
+    for M in (1, 3, 8):
+        x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
+        ref = kern(x, *w, None, 64, N, plan=base)
+        for pf in tuner.PREFETCH_CANDIDATES:
+            plan = dataclasses.replace(base, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
+            assert torch.equal(kern(x, *w, None, 64, N, plan=plan), ref), (M, pf)

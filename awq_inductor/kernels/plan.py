@@ -13,7 +13,7 @@ four numbers for one (scheme, op, ISA, x dtype, K, N, G) on one machine; the tun
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 import torch
 
@@ -29,10 +29,16 @@ THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 #: The fields of ``awq::Thresholds`` (runtime/driver.h.j2) in order: the eager entry points' trailing
 #: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
 #: Inductor template's initializer are all made from this list.
-CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch")
+CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch", "prefetch_next_tile")
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
 DEFAULT_DECODE_PREFETCH = 0
+#: Whether the decode kernels also prefetch, into L2, the weights of the N tile after the one they
+#: stream, at the same offset (a thread's next work unit: the driver hands each thread consecutive
+#: tiles): two more streams in flight per core, where the hardware keeps few enough misses
+#: outstanding per stream that one core reads below the memory's rate. Off without a measurement;
+#: tuned per machine with the distance (kernels/tuner.py tune_decode_prefetch).
+DEFAULT_NEXT_TILE_PREFETCH = 0
 #: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
 #: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are
 #: multiples of 32); more rows dequantize with the scales once per M block (``amx``). 4096 x 11008,
@@ -41,11 +47,24 @@ DEFAULT_DECODE_PREFETCH = 0
 AMX_GROUPS_MAX_M = 32
 
 
+class DecodePrefetch(NamedTuple):
+    """The decode kernels' software prefetch on one machine: bytes ahead within each weight stream
+    (0: none) and whether the next N tile is prefetched into L2 too (0 / 1)."""
+
+    distance: int
+    next_tile: int
+
+
+#: Neither (the constants' choice).
+NO_PREFETCH = DecodePrefetch(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Rows from which each path is taken (see the module docstring) and the bf16 decode kernel's
-    software prefetch distance in bytes (measured once per machine, not per shape: the hardware
-    prefetchers decide it; :func:`~awq_inductor.kernels.tuner.tune_decode_prefetch`); ``source`` says where the
+    """Rows from which each path is taken (see the module docstring) and the decode kernels'
+    software prefetch: the distance in bytes within each weight stream and whether the next N tile
+    is prefetched too (measured once per machine, not per shape: the hardware prefetchers decide
+    it; :func:`~awq_inductor.kernels.tuner.tune_decode_prefetch`); ``source`` says where the
     plan came from (``default`` | ``forced`` | ``cached`` | ``tuned``)."""
 
     amx_min_m: int
@@ -53,6 +72,7 @@ class Plan:
     bf16_f32_min_m: int
     dense_min_m: int = NEVER
     decode_prefetch: int = DEFAULT_DECODE_PREFETCH
+    prefetch_next_tile: int = DEFAULT_NEXT_TILE_PREFETCH
     source: str = "default"
 
     def cxx_args(self) -> Tuple[int, ...]:
@@ -73,7 +93,7 @@ def default_plan() -> Plan:
 
 
 def forced_plan(values: dict) -> Plan:
-    keys = THRESHOLDS + ("decode_prefetch",)
+    keys = THRESHOLDS + ("decode_prefetch", "prefetch_next_tile")
     unknown = set(values) - set(keys)
     if unknown:
         raise ValueError(f"config.kernel_plan: expected keys among {keys}, got {sorted(unknown)}")

@@ -46,7 +46,7 @@ import torch
 
 from ..schemes import OPS, W4A8, Op
 from . import background, dense, hugepages, native
-from .plan import NEVER, Plan, candidate_of, candidates, default_plan, path_for
+from .plan import NEVER, NO_PREFETCH, DecodePrefetch, Plan, candidate_of, candidates, default_plan, path_for
 
 log = logging.getLogger(__name__)
 
@@ -301,38 +301,47 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The decode kernel's software prefetch distance (per machine)
-#: Distances (bytes ahead in each weight stream) the bf16 decode kernel is timed with. Cold, M = 1,
-#: 2 threads, bench_decode's harness, share of the read probe at 4096 x 4096 / 4096 x 11008 on the
-#: 2-core Sapphire-Rapids-class Xeon: none 40% / 45%, 512 B 59 / 64%, 1 KB 61 / 68-70%, 2 KB 58 /
-#: 67%, 4 KB 62-64 / 68-70%; on Zen 4 a 2 KB-ahead prefetch cost 6-9% (1 thread).
-PREFETCH_CANDIDATES = (0, 512, 1024, 2048)
+# The decode kernels' software prefetch (per machine)
+#: Settings (distance in bytes ahead in each weight stream, next N tile into L2) the bf16 decode
+#: kernel is timed with. Cold, M = 1, 2 threads, bench_decode's harness, share of the read probe at
+#: 4096 x 4096 / 4096 x 11008 on the 2-core Sapphire-Rapids-class Xeon: none 40% / 45%, 512 B 59 /
+#: 64%, 1 KB 61 / 68-70%, 2 KB 58 / 67%, 4 KB 62-64 / 68-70%; on Zen 4 a 2 KB-ahead prefetch cost
+#: 6-9% (1 thread), while the next tile's lines (two more streams per core) gave 1.2-1.3x at 1 and 2
+#: threads (standalone loop of the kernel, 4096 x 11008-sized panels, interleaved with the probe:
+#: 87-93% of it against 70-76%).
+PREFETCH_CANDIDATES = tuple(DecodePrefetch(d, t) for t in (0, 1) for d in (0, 512, 1024, 2048) if not (t and d == 2048))
 #: Weight bytes the measurement rotates through, so every call reads from DRAM (past the L3s met so
 #: far: 32 MB on Zen 4; the Xeon VM reports 480 MB but streams 256 MiB at its DRAM rate).
 PREFETCH_COLD_BYTES = 256 << 20
 PREFETCH_ROUNDS = 5
 
 
-def tune_decode_prefetch(isa: str, timer: Optional[Callable[[int], float]] = None) -> Tuple[int, dict]:
-    """(bytes, {distance: ms per call, "noisy": bool}) for this machine: the W4A16 bf16 decode kernel
-    at M = 1 (4096 x 2048, G = 128), each distance of :data:`PREFETCH_CANDIDATES` timed over cold
-    copies of the weights, interleaved in :data:`PREFETCH_ROUNDS` rounds (median per distance). A
-    distance replaces none only if its median is ``MIN_GAIN`` faster and it beats none in most
+def prefetch_name(setting: DecodePrefetch) -> str:
+    """``"1024"``, ``"0+next_tile"``: a setting's key in the cached timings."""
+    return f"{setting.distance}" + ("+next_tile" if setting.next_tile else "")
+
+
+def tune_decode_prefetch(isa: str, timer: Optional[Callable[[DecodePrefetch], float]] = None
+                         ) -> Tuple[DecodePrefetch, dict]:
+    """(setting, {setting name: ms per call, "noisy": bool}) for this machine: the W4A16 bf16 decode
+    kernel at M = 1 (4096 x 2048, G = 128), each setting of :data:`PREFETCH_CANDIDATES` timed over
+    cold copies of the weights, interleaved in :data:`PREFETCH_ROUNDS` rounds (median per setting).
+    A setting replaces none only if its median is ``MIN_GAIN`` faster and it beats none in most
     rounds: a busy machine (another job on the 2 cores once made every call 20x slower) keeps none
-    and is marked noisy. ``timer`` (tests): distance -> seconds per call."""
+    and is marked noisy. ``timer`` (tests): setting -> seconds per call."""
     timer = timer or _cold_decode_timer(isa)
-    times: Dict[int, List[float]] = {pf: [] for pf in PREFETCH_CANDIDATES}
+    times: Dict[DecodePrefetch, List[float]] = {pf: [] for pf in PREFETCH_CANDIDATES}
     with background.quiet_for_timing():
         for _ in range(PREFETCH_ROUNDS):
             for pf in PREFETCH_CANDIDATES:
                 times[pf].append(timer(pf))
     med = {pf: statistics.median(t) for pf, t in times.items()}
     best = min(med, key=med.get)
-    wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[0]))
-    noisy = best != 0 and 2 * wins <= PREFETCH_ROUNDS
-    if med[0] <= med[best] * MIN_GAIN or noisy:
-        best = 0
-    return best, {**{str(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
+    wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[NO_PREFETCH]))
+    noisy = best != NO_PREFETCH and 2 * wins <= PREFETCH_ROUNDS
+    if med[NO_PREFETCH] <= med[best] * MIN_GAIN or noisy:
+        best = NO_PREFETCH
+    return best, {**{prefetch_name(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
 
 
 def _cold_decode_timer(isa: str) -> Callable[[int], float]:
@@ -344,8 +353,8 @@ def _cold_decode_timer(isa: str) -> Callable[[int], float]:
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
     kern(x, qw, s, z, None, G, n, plan=base)  # built and warm before the clock
 
-    def timer(pf: int) -> float:
-        plan = dataclasses.replace(base, decode_prefetch=pf)
+    def timer(pf: DecodePrefetch) -> float:
+        plan = dataclasses.replace(base, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
         t0 = time.perf_counter()
         for q in copies:
             kern(x, q, s, z, None, G, n, plan=plan)

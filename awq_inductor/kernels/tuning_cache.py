@@ -25,7 +25,7 @@ from ..schemes import Op
 from .. import families
 from ..schemes import GATE_UP_SILU, LINEAR, op_for
 from . import background, cache_key, hugepages, native, tuner
-from .plan import DEFAULT_DECODE_PREFETCH, NEVER, THRESHOLDS, Plan, default_plan, forced_plan  # noqa: F401
+from .plan import NEVER, NO_PREFETCH, THRESHOLDS, DecodePrefetch, Plan, default_plan, forced_plan  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _write(path: str, data: dict) -> None:
 
 _lock = threading.Lock()
 _memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
-_prefetch_memo: Dict[Tuple[int, str], int] = {}  # (threads, isa) -> the decode kernel's prefetch distance
+_prefetch_memo: Dict[Tuple[int, str], DecodePrefetch] = {}  # (threads, isa) -> the decode kernels' prefetch
 _final: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan_for's answer (with the machine's params)
 
 
@@ -138,39 +138,43 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
 
 
 def _with_machine_params(plan: Plan, isa: str, x_dtype: torch.dtype) -> Plan:
-    """``plan`` with the machine's measured decode prefetch distance (bf16 x: the kernel it steers)."""
+    """``plan`` with the machine's measured decode prefetch (bf16 x: the kernels it steers)."""
     if x_dtype != torch.bfloat16:
         return plan
-    return dataclasses.replace(plan, decode_prefetch=decode_prefetch(isa))
+    pf = decode_prefetch(isa)
+    return dataclasses.replace(plan, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
 
 
-def decode_prefetch(isa: str, remeasure: bool = False) -> int:
-    """The bf16 decode kernel's software prefetch distance on this machine (bytes, 0: none): the
-    cached measurement (one per machine key and ISA), measured now where there is none and
-    ``config.tune == "auto"`` (or ``remeasure``), else the constant. A machine property, not a
-    shape's: every cached and tuned bf16 plan carries it."""
+def decode_prefetch(isa: str, remeasure: bool = False) -> DecodePrefetch:
+    """The decode kernels' software prefetch on this machine: the cached measurement (one per
+    machine key and ISA), measured now where there is none (an entry written before the next-tile
+    choice existed counts as none) and ``config.tune == "auto"`` (or ``remeasure``), else none. A
+    machine property, not a shape's: every cached and tuned bf16 plan carries it."""
     key = (threads(), str(isa))
     if key in _prefetch_memo and not remeasure:
         return _prefetch_memo[key]
     path, name = cache_path(), f"decode_prefetch/{isa}"
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
+    if isinstance(entry, dict) and "next_tile" not in entry:
+        entry = None
     if entry is None and not remeasure and config.tune != "auto":
-        return DEFAULT_DECODE_PREFETCH
+        return NO_PREFETCH
     if entry is None:
         value, times = tuner.tune_decode_prefetch(isa)
         _final.clear()
         with _lock:
             data = _read(path)
             data["machine"] = cache_key.machine(threads(), hugepages.in_use())
-            data.setdefault("machine_params", {})[name] = {"bytes": value, "times_ms": times}
+            data.setdefault("machine_params", {})[name] = {"bytes": value.distance, "next_tile": value.next_tile,
+                                                           "times_ms": times}
             _write(path, data)
-        log.info("awq_inductor: decode prefetch distance on this machine: %d bytes (%s)", value, times)
+        log.info("awq_inductor: decode prefetch on this machine: %s (%s)", tuner.prefetch_name(value), times)
     else:
         try:
-            value = int(entry["bytes"])
+            value = DecodePrefetch(int(entry["bytes"]), int(entry["next_tile"]))
         except (KeyError, TypeError, ValueError):
             log.warning("awq_inductor: ignoring the malformed %s entry in %s", name, path)
-            return DEFAULT_DECODE_PREFETCH
+            return NO_PREFETCH
     _prefetch_memo[key] = value
     return value
 
