@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -83,7 +84,7 @@ def bench_op(a):
             for name, nt, pl in runs:
                 tw, ids = routes[i % len(routes)]
                 i += 1
-                with config.patch(num_threads=nt, kernel_plan=PLANS[pl]):
+                with config.patch(num_threads=nt), _experts_plans(pl):
                     t0 = time.perf_counter()
                     MOE_OPS[name].torch_op(x, ids, tw.bfloat16(), *W[name], G, I)
                     times[(name, nt, pl)].append(time.perf_counter() - t0)
@@ -127,8 +128,9 @@ def paired_share(mop, H, I, G, op_times, experts, probe_times, probe_bytes) -> f
 
 
 #: --plans: "tuned" is the per-machine plan (config.tune; plan_for), "constants" forces the
-#: thresholds the experts used before they took the tuned plans (awq::Thresholds{} defaults)
-PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}}
+#: thresholds the experts used before they took the tuned plans (awq::Thresholds{} defaults),
+#: "no_next_tile" is the tuned plan without the next-tile prefetch (Thresholds::prefetch_next_tile)
+PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}, "no_next_tile": None}
 
 
 #: --model presets: (hidden, experts, topk, moe_inter, layers)
@@ -161,13 +163,19 @@ def qwen3_moe_config(a):
 
 @contextlib.contextmanager
 def _experts_plans(pl: str):
-    """e2e: the experts' GEMMs with their tuned plans, or (``constants``) with the fixed thresholds
-    they used before (moe.expert_plans swapped; only the experts op, the dense linears keep theirs)."""
+    """The experts' GEMMs with their tuned plans, or (``constants``) with the fixed thresholds they
+    used before, or (``no_next_tile``) tuned without the next-tile prefetch (moe.expert_plans
+    swapped; only the experts op, the dense linears keep theirs)."""
     if pl == "tuned":
         yield
         return
-    const = kplan.forced_plan(PLANS[pl])
-    with unittest.mock.patch.object(moe, "expert_plans", lambda *args: (const, const)):
+    if pl == "no_next_tile":
+        tuned = moe.expert_plans
+        plans = lambda *args: tuple(dataclasses.replace(p, prefetch_next_tile=0) for p in tuned(*args))  # noqa: E731
+    else:
+        const = kplan.forced_plan(PLANS[pl])
+        plans = lambda *args: (const, const)  # noqa: E731
+    with unittest.mock.patch.object(moe, "expert_plans", plans):
         yield
 
 
