@@ -37,15 +37,15 @@ def test_bench_moe_op_smoke():
 
 
 def test_bench_moe_op_plans_smoke():
-    """--plans constants tuned: both plans of the experts' GEMMs timed, interleaved, per op."""
+    """--plans constants tuned no_next_tile: every plan of the experts' GEMMs timed, interleaved, per op."""
     path = os.path.join(os.path.dirname(BENCH), "bench_moe.py")
     spec = importlib.util.spec_from_file_location("bench_moe", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     out = mod.main(["--smoke", "--part", "op", "--threads", "1", "--op-threads", "1", "--m", "1",
-                    "--plans", "constants", "tuned"])
+                    "--plans", "constants", "tuned", "no_next_tile"])
     for name in ("int4_moe", "int4_moe_a8"):
-        for pl in ("constants", "tuned"):
+        for pl in ("constants", "tuned", "no_next_tile"):
             assert out["op"][f"{name} M=1 threads=1 plan={pl}"]["ms"] > 0
 
 
@@ -216,3 +216,18 @@ def test_bench_e2e_times_the_peers_in_its_rounds(tmp_path, monkeypatch):
         return
     prefill, decode = data["results"]["llama.cpp Q4_0 + BF16 output"]
     assert prefill > 0 and decode > 0
+
+
+def test_bench_prefetch_smoke():
+    """Every prefetch setting of the tuner's candidates and the probe timed, per op."""
+    path = os.path.join(os.path.dirname(BENCH), "bench_prefetch.py")
+    spec = importlib.util.spec_from_file_location("bench_prefetch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--smoke"])
+    from awq_inductor.kernels import tuner
+
+    assert [r["op"] for r in rows] == ["int4_mm", "int4_mm_a8"]
+    for r in rows:
+        assert set(r["GBps"]) == {tuner.prefetch_name(pf) for pf in tuner.PREFETCH_CANDIDATES} | {"probe"}
+        assert all(v > 0 for v in r["GBps"].values())
