@@ -344,7 +344,7 @@ def tune_decode_prefetch(isa: str, timer: Optional[Callable[[DecodePrefetch], fl
     return best, {**{prefetch_name(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
 
 
-def _cold_decode_timer(isa: str) -> Callable[[int], float]:
+def _cold_decode_timer(isa: str) -> Callable[[DecodePrefetch], float]:
     op, K, n, G = OPS["int4_mm"], 4096, 2048, 128
     qw, s, z = _random_weights(op, K, n, G)
     copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, PREFETCH_COLD_BYTES // qw.nbytes))]
