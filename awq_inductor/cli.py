@@ -369,7 +369,7 @@ def main(argv=None) -> int:
     if not args.no_compile:  # Inductor's ISA checks beside the loading (warm_inductor)
         from .integrations.generation import warm_inductor
 
-        warm_inductor(header=False)
+        warm_inductor()
     path = _model_path(args, tp_info)
     if tp_info and args.lm_head in ("int8", "int4"):
         raise SystemExit(f"--lm-head {args.lm_head} is not supported with --tp (the tensor-parallel head stays bf16)")

@@ -1,6 +1,7 @@
 """Inductor integration: the template lowering of every ``awq::int4_mm*`` op and MoE
-``awq::int4_moe*`` op (``lowering``, the only module that imports ``torch._inductor``) and the
-``awq_inductor`` torch.compile backend (``backend``).
+``awq::int4_moe*`` op (``lowering``), one shared library per compiled graph (``graph_library``):
+the only two modules that import ``torch._inductor``; and the ``awq_inductor`` torch.compile
+backend (``backend``).
 
 :func:`register` installs the lowerings; it is called when an op is first traced (``ops``) and by
 the backend. Importing this package stays cheap: ``lowering`` is imported inside :func:`register`.

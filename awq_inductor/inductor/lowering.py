@@ -1,6 +1,6 @@
 """Inductor lowering of the ``awq::int4_mm*`` ops and the MoE experts ops ``awq::int4_moe*`` to our
-C++ templates. The only module of the
-package that imports ``torch._inductor`` (imported by :func:`awq_inductor.inductor.register`).
+C++ templates. With :mod:`.graph_library`, the only module of the package that imports
+``torch._inductor`` (imported by :func:`awq_inductor.inductor.register`).
 
 :func:`install` registers one lowering per op of :data:`awq_inductor.schemes.OPS`. Each builds a
 single-choice :class:`AwqTemplate` (no autotuning, no freezing): one C++ kernel per call site whose
@@ -225,16 +225,6 @@ def serialize_vec_isa_checks() -> None:
     cpu_vec_isa.valid_vec_isa_list = valid_vec_isa_list
 
 
-#: A kernel as Inductor writes them (its prefix header, a vectorized type): building it through
-#: Inductor's own code cache runs the one-time steps its first real kernel would (see warm_compiler).
-_WARM_KERNEL = """#include <torch/csrc/inductor/cpp_prefix.h>
-extern "C" void kernel(const int64_t ks0) {
-  at::vec::Vectorized<float> v(static_cast<float>(ks0));
-  (void)v;
-}
-"""
-
-
 #: GCC target flags a passed flag implies for Inductor's heavy ISA check (the ATen vec headers built
 #: and dlopened): every CPU with AVX512F has AVX2, FMA and F16C, GCC's -mavx512f enables AVX2, and a
 #: torch whose AVX512 Sleef symbols resolve was built with its AVX2 kernels too (CPU_CAPABILITY
@@ -310,71 +300,19 @@ def _isa_checks_yield_to_tuner() -> None:
     VecISA.check_build = check_build
 
 
-def expected_vec_isa():
-    """A copy of the ISA object Inductor's ``pick_vec_isa()`` will return where its checks pass (the
-    first of its candidates the CPU's flags allow, with AVX512-BF16 where the CPU has it), taken
-    before any check runs (a check edits the shared object's flags); None off x86 or where
-    ``ATEN_CPU_CAPABILITY`` or ``cpp.simdlen`` steer the pick."""
-    import copy
-    import platform
-
-    from torch._inductor import config as iconfig, cpu_vec_isa
-
-    if (platform.machine() not in ("x86_64", "AMD64") or os.environ.get("ATEN_CPU_CAPABILITY")
-            or iconfig.cpp.simdlen is not None):
-        return None
-    flags = cpu_vec_isa.x86_isa_checker()
-    isa = next((i for i in cpu_vec_isa.supported_vec_isa_list if all(f in flags for f in str(i).split())), None)
-    if isa is None:
-        return None
-    expected = copy.copy(isa)
-    if isinstance(expected, VecAVX512):
-        expected._is_avx512_bf16_supported = torch.cpu._is_avx512_bf16_supported()
-    return expected
-
-
-def build_kernel_header(vec) -> None:
-    """Inductor's precompiled ``cpp_prefix.h`` for kernels built for ``vec``, with the arguments its
-    kernels' main build passes (``CppPythonBindingsCodeCache.load_async``, torch 2.13: -O3, no
-    separate optimized part): run in a background thread beside the ISA checks on the expected ISA
-    (:func:`expected_vec_isa`), so the two longest serial steps of a cold first compile overlap. A
-    wrong guess costs one unused header (its cache key has the flags); a right one is found by
-    Inductor's own call (same file, built once)."""
-    from torch._inductor import config as iconfig
-    from torch._inductor.codecache import CppPythonBindingsCodeCache, _precompile_header
-    from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
-
-    if not iconfig.cpp_cache_precompile_headers:
-        return
-    command = {**CppPythonBindingsCodeCache.cpp_compile_command_flags, "device_type": "cpu",
-               "extra_flags": (), "use_relative_path": iconfig.is_fbcode(), "vec_isa": vec}
-    option = CppTorchDeviceOptions(compile_only=False, min_optimize=False, **command)
-    cmd_line = CppBuilder(name="o", sources="i", BuildOption=option).get_command_line()
-    with background.build_step():
-        _precompile_header(CppPythonBindingsCodeCache._get_uncompiled_header("cpu"), cmd_line,
-                           min_optimize=False, **command)
-
-
 def warm_compiler() -> Optional[str]:
     """Run now what Inductor does once per machine before its first CPU kernel: the vector-ISA
-    checks (6 g++ runs and dlopen probes on Zen 4, 7.7 s on 2 cores) and the precompiled header
-    of ``cpp_prefix.h`` (6.7 s), by building one trivial vectorized kernel through
-    ``CppPythonBindingsCodeCache``, the path and flags of Inductor's own kernels (so the header's
-    cache key is theirs). Meant for a background thread
-    (:func:`awq_inductor.integrations.generation.warm_inductor`): each g++ run waits while the
-    tuner measures. A no-op once both are cached (the probes are remembered, the header and the
-    kernel sit in Inductor's caches). Returns the ISA picked, None where our lowering cannot
-    install."""
+    checks (g++ runs and dlopen probes: 4.2 s on the 2-core Zen 4 VM, cold). Meant for a
+    background thread (:func:`awq_inductor.integrations.generation.warm_inductor`): each g++ run
+    waits while the tuner measures. Nothing else: our backend builds no precompiled header
+    (:mod:`.graph_library`). A no-op once the checks are remembered. Returns the ISA picked, None
+    where our lowering cannot install."""
     if _MISSING_API is not None:
         return None
     prepare_vec_isa_checks()
     _isa_checks_yield_to_tuner()
-    vec = pick_vec_isa()
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
+    return str(pick_vec_isa())
 
-    with background.build_step():
-        CppPythonBindingsCodeCache.load_pybinding(["const int64_t"], _WARM_KERNEL)
-    return str(vec)
 
 _SAID: set = set()
 
@@ -706,8 +644,12 @@ def inductor_mode_options(mode: str) -> dict:
 
 
 def compile_with_inductor(gm, example_inputs, config_patches: dict):
-    """``compile_fx`` (the ``inductor`` backend) with ``config_patches`` (the caller registers our lowering)."""
+    """``compile_fx`` (the ``inductor`` backend) with ``config_patches``, each generated module's
+    C++ kernels built as one library (:mod:`.graph_library`; the caller registers our lowering)."""
     from torch._inductor.compile_fx import compile_fx
 
+    from .graph_library import one_library_per_graph
+
     require_cxx()  # a clear CompilerNotFoundError now rather than one from deep inside Inductor
-    return compile_fx(gm, example_inputs, config_patches=config_patches)
+    with one_library_per_graph():
+        return compile_fx(gm, example_inputs, config_patches=config_patches)

@@ -160,36 +160,40 @@ def prebuild_native_kernels(model: nn.Module) -> Optional[threading.Thread]:
     return background.start("awq-prebuild", run)
 
 
+def prebuild_scheme_library(scheme, x_dtype: torch.dtype) -> threading.Thread:
+    """Build the library of ``scheme``'s kernels for ``x_dtype`` (our eager ops, the tuner's
+    kernels, the driver the generated kernels call: ``native.driver_library``) in a background
+    thread while the checkpoint loads. Why: the tuner at load asked for it first, then waited for
+    its g++ run (2.8-3.4 s on the 2-core Zen 4 VM, cold: the tiny Llama demo's load went from the
+    library's start to tuning); started when the CLI starts, it builds beside the quantization and
+    the loading. A failure is retried, and raises, where the library is first needed."""
+    from ..kernels import isa as isa_mod, native
+
+    def run():
+        with background.build_step():
+            native.driver_library(scheme, isa_mod.select(), x_dtype)
+
+    return background.start("awq-prebuild-library", run)
+
+
 _warm_started: set = set()
-_expected_isa = None
 
 
-def warm_inductor(header: bool = True) -> None:
-    """Start, in background threads, what Inductor does once per machine before its first CPU
-    kernel, so that it overlaps the loading, Dynamo's tracing and the lowering instead of following
-    them: its vector-ISA checks (:func:`~awq_inductor.inductor.lowering.warm_compiler`) and, with
-    ``header``, its precompiled header for the ISA expected
-    (:func:`~awq_inductor.inductor.lowering.build_kernel_header`), side by side. Why: cold, they
-    were 7.7 s and 6.7 s of the tiny Llama demo's first token on the 2-core Zen 4 VM, run one
-    after the other inside the first ``generate``. Each starts once per process. The CLI starts
-    the checks before loading and the header after it: the header is one 7 s g++ run, which the
-    tuner at load would have to wait for (``kernels.background``), the checks are short ones."""
-    global _expected_isa
+def warm_inductor() -> None:
+    """Start Inductor's vector-ISA checks (:func:`~awq_inductor.inductor.lowering.warm_compiler`)
+    in a background thread, so that they overlap the loading, Dynamo's tracing and the lowering
+    instead of following them: cold, they were 7.7 s of the tiny Llama demo's first token on the
+    2-core Zen 4 VM, run inside the first ``generate``. Once per process; the CLI starts them
+    before loading, :func:`compile_for_generate` where they have not run."""
     try:  # an optimisation only: where Inductor's internals moved, compiling goes on without it
         from ..inductor import lowering
 
         if "checks" not in _warm_started:
             _warm_started.add("checks")
             lowering.prepare_vec_isa_checks()  # before the thread: Inductor's own check waits for it
-            _expected_isa = lowering.expected_vec_isa()  # before any check edits the ISA objects
             background.start("awq-warm-inductor", lowering.warm_compiler)
     except Exception as e:  # noqa: BLE001
         log.debug("awq_inductor: no Inductor warm-up: %s", e)
-        return
-    if header and "header" not in _warm_started and _expected_isa is not None:
-        _warm_started.add("header")
-        expected = _expected_isa
-        background.start("awq-warm-header", lambda: lowering.build_kernel_header(expected))
 
 
 def uncompile(model: nn.Module) -> nn.Module:

@@ -1,0 +1,250 @@
+"""One shared library per compiled graph: the C++ kernels Inductor generates for a graph compiled
+by our backend are built by one g++ run, without Inductor's precompiled header.
+
+Why: Inductor builds each CPU kernel as its own shared object (``AsyncCompile.cpp_pybinding``),
+every one including ``cpp_prefix.h`` (ATen's vectorized math, 2.5 s of g++ to parse) through a
+precompiled header built once per machine. Measured cold on the 2-core Zen 4 VM, the tiny Llama
+demo (one decoder layer kind: a prefill and a decode graph of 7 kernels each): the header took
+7.7-11.2 s of one g++ run, on the critical path (no kernel builds before it), then each kernel
+0.6-1.1 s, of which 0.55 s is loading the 155 MB header (an empty kernel: 0.52-0.60 s). The same
+7 kernels in one file without the header: 2.8 s (2.5 s of it the header's parse).
+
+How: inside :func:`one_library_per_graph` (the backend's ``compile_fx``; a graph found in
+Inductor's FX cache is loaded there too), ``cpp_pybinding`` queues each kernel and returns a
+:class:`PendingKernel`. The generated module's ``async_compile.wait(globals())`` builds the
+queue as one Python extension whose entries ``kernel_0 .. kernel_{n-1}`` are the kernels' own
+``extern "C" ... kernel(`` renamed, with the argument parsing of Inductor's binding, through
+Inductor's ``CppPythonBindingsCodeCache.load_async`` (its flags, disk cache and file lock; the
+key covers the whole source), and puts the functions into the module's globals. The kernels
+share file scope: Inductor's keep everything inside their function, ours
+(``entry/inductor.cpp.j2``) keep shared helpers behind include guards and redefine
+``AWQ_DRIVER_LIBRARY`` before each kernel. A kernel whose entry is not found this way is built by
+Inductor as before; a library that fails to build is built again kernel by kernel, with one
+warning naming the error. Outside our backend nothing changes.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+from typing import Callable, List, Optional, Sequence
+
+from torch._inductor import async_compile as inductor_async, config as iconfig
+from torch._inductor.codecache import CodeCacheFuture, CppPythonBindingsCodeCache
+
+log = logging.getLogger(__name__)
+
+#: A kernel's C entry point as Inductor (``extern "C"  void  kernel(``) and our templates
+#: (``extern "C" \nvoid kernel(``) write it.
+ENTRY = re.compile(r'(extern\s+"C"[^;{}()]*?\bvoid\s+)kernel\(')
+#: Kernels per library: a graph has up to this many in one g++ run; more are split into libraries
+#: of at most this size built in parallel (Inductor's compile threads). Each library parses the
+#: header once (2.5 s); a kernel adds about 0.05-0.15 s (7 kernels: 2.8 s), so 16 keep one run
+#: under about 5 s while a whole-model graph of hundreds of kernels still uses every thread.
+KERNELS_PER_LIBRARY = 16
+
+_state = threading.local()
+_ORIGINAL: dict = {}
+_WARNED: set = set()
+#: Kernel counts of the libraries this process built or found in the caches (tests, benchmarks).
+libraries: List[int] = []
+
+
+class KernelBatch:
+    """The kernels one generated module asked for, built together on the first request."""
+
+    def __init__(self, async_compile):
+        self.async_compile = async_compile
+        self.kernels: list = []  # (argtypes, source)
+        self.functions: Optional[list] = None
+        self._lock = threading.Lock()
+
+    def add(self, argtypes: Sequence[str], source: str) -> "PendingKernel":
+        self.kernels.append((list(argtypes), source))
+        return PendingKernel(self, len(self.kernels) - 1)
+
+    def build(self) -> list:
+        with self._lock:
+            if self.functions is None:
+                if getattr(_state, "batch", None) is self:
+                    _state.batch = None  # later kernels start a new batch
+                self.functions = _build(self)
+        return self.functions
+
+
+class PendingKernel(CodeCacheFuture):
+    """A queued kernel: ``result()`` (Inductor's futures protocol) builds its batch and returns
+    the function; calling it does the same first (a module never waited on still works)."""
+
+    def __init__(self, batch: KernelBatch, index: int):
+        self.batch = batch
+        self.index = index
+
+    def result(self, timeout: Optional[float] = None) -> Callable:
+        return self.batch.build()[self.index]
+
+    def __call__(self, *args):
+        return self.result()(*args)
+
+
+@contextlib.contextmanager
+def one_library_per_graph():
+    """Build the kernels of the graphs compiled (or loaded from Inductor's cache) inside as one
+    library per generated module (re-entrant)."""
+    install()
+    outer = getattr(_state, "active", False)
+    _state.active = True
+    try:
+        yield
+    finally:
+        _state.active = outer
+
+
+def install() -> None:
+    """Route ``AsyncCompile.cpp_pybinding`` / ``wait`` through this module (idempotent; outside
+    :func:`one_library_per_graph` they behave as Inductor's own)."""
+    cls = inductor_async.AsyncCompile
+    if _ORIGINAL:
+        return
+    _ORIGINAL.update(cpp_pybinding=cls.cpp_pybinding, wait=cls.wait)
+    cls.cpp_pybinding = _cpp_pybinding
+    cls.wait = _wait
+
+
+def _cpp_pybinding(self, argtypes, source_code):
+    if not getattr(_state, "active", False) or len(ENTRY.findall(source_code)) != 1:
+        return _ORIGINAL["cpp_pybinding"](self, argtypes, source_code)
+    inductor_async.kernel_code_log.info("CPP+Bindings Kernel:\n%s", source_code)
+    batch = getattr(_state, "batch", None)
+    if batch is None:
+        batch = _state.batch = KernelBatch(self)
+    return batch.add(argtypes, source_code)
+
+
+def _wait(self, scope: dict) -> None:
+    batch = getattr(_state, "batch", None)
+    if batch is not None:
+        batch.build()
+    for key, value in list(scope.items()):
+        if isinstance(value, PendingKernel):
+            scope[key] = value.result()
+    return _ORIGINAL["wait"](self, scope)
+
+
+def _build(batch: KernelBatch) -> list:
+    """The batch's functions: its libraries (one per :data:`KERNELS_PER_LIBRARY` kernels, built in
+    parallel where Inductor has compile threads), else each kernel built by Inductor."""
+    n = len(batch.kernels)
+    chunks = [range(s, min(n, s + KERNELS_PER_LIBRARY)) for s in range(0, n, KERNELS_PER_LIBRARY)]
+    parallel = len(chunks) > 1 and inductor_async.get_compile_threads() > 1
+    try:
+        with iconfig.patch(cpp_cache_precompile_headers=False):
+            loads = [CppPythonBindingsCodeCache.load_async(
+                library_source([batch.kernels[i] for i in c]), "cpu",
+                submit_fn=inductor_async.AsyncCompile.submit if parallel else None) for c in chunks]
+        modules = [load() for load in loads]
+    except Exception as e:  # noqa: BLE001  (Inductor's own build of each kernel still raises)
+        _warn_once("awq_inductor: building a graph's %d kernels as one library failed (%s: %s); "
+                   "building each kernel apart, as Inductor does", n, type(e).__name__,
+                   str(e).strip().splitlines()[-1][:300] if str(e).strip() else "")
+        return [_resolve(_ORIGINAL["cpp_pybinding"](batch.async_compile, a, s)) for a, s in batch.kernels]
+    libraries.extend(len(c) for c in chunks)
+    return [getattr(modules[ci], f"kernel_{j}") for ci, c in enumerate(chunks) for j in range(len(c))]
+
+
+def _resolve(kernel):
+    return kernel.result() if isinstance(kernel, CodeCacheFuture) else kernel
+
+
+def _warn_once(msg: str, *args) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        log.warning(msg, *args)
+
+
+def library_source(kernels: Sequence[tuple]) -> str:
+    """One extension module's source: each ``(argtypes, source)`` with its entry renamed
+    ``kernel_<i>``, then the Python bindings of all of them."""
+    bodies, wrappers, methods = [], [], []
+    for i, (argtypes, source) in enumerate(kernels):
+        bodies.append(ENTRY.sub(lambda m, i=i: f"{m.group(1)}kernel_{i}(", source, count=1))
+        parsed = ", ".join(f"parse_arg<{t.replace('const ', '')}>(args, {n})" for n, t in enumerate(argtypes))
+        wrappers.append(_WRAPPER.format(i=i, n=len(argtypes), args=parsed))
+        methods.append(f'    {{"kernel_{i}", kernel_{i}_py, METH_VARARGS, ""}},')
+    module = CppPythonBindingsCodeCache.entry_function  # the module name Inductor's loader imports
+    return "\n".join(bodies + [_PRELUDE] + wrappers + [
+        "static PyMethodDef py_methods[] = {", *methods, "    {NULL, NULL, 0, NULL}};",
+        _MODULE_INIT.replace("@MODULE@", module)])
+
+
+# The Python bindings: the argument parsing of Inductor's (CppPythonBindingsCodeCache
+# .suffix_template: tensors as data pointers through the guard library's getter), one wrapper per
+# kernel, one module.
+_PRELUDE = r"""
+// awq-inductor: Python bindings of the kernels above (one library per graph)
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+
+static void* (*_torchinductor_pyobject_tensor_data_ptr)(PyObject* obj);
+
+template <typename T> static inline T parse_arg(PyObject* args, size_t n) {
+    static_assert(std::is_pointer_v<T>, "arg type must be pointer or long");
+    return static_cast<T>(_torchinductor_pyobject_tensor_data_ptr(PyTuple_GET_ITEM(args, n)));
+}
+template <> inline int64_t parse_arg<int64_t>(PyObject* args, size_t n) {
+    auto result = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, n));
+    if (result == -1 && PyErr_Occurred()) [[unlikely]] throw std::runtime_error("expected int arg");
+    return result;
+}
+template <> inline uintptr_t parse_arg<uintptr_t>(PyObject* args, size_t n) {
+    auto result = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args, n));
+    if (result == reinterpret_cast<void*>(-1) && PyErr_Occurred()) [[unlikely]] throw std::runtime_error("expected int arg");
+    return reinterpret_cast<uintptr_t>(result);
+}
+template <> inline float parse_arg<float>(PyObject* args, size_t n) {
+    auto result = PyFloat_AsDouble(PyTuple_GET_ITEM(args, n));
+    if (result == -1.0 && PyErr_Occurred()) [[unlikely]] throw std::runtime_error("expected float arg");
+    return static_cast<float>(result);
+}
+"""
+
+_WRAPPER = """
+static PyObject* kernel_{i}_py(PyObject* self, PyObject* args) {{
+    try {{
+        if (!PyTuple_CheckExact(args)) [[unlikely]] throw std::runtime_error("tuple args required");
+        if (PyTuple_GET_SIZE(args) != {n}) [[unlikely]] throw std::runtime_error("requires {n} args");
+        kernel_{i}({args});
+        Py_RETURN_NONE;
+    }} catch (std::exception const& e) {{
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+        return nullptr;
+    }} catch (...) {{
+        PyErr_SetString(PyExc_RuntimeError, "unhandled error");
+        return nullptr;
+    }}
+}}"""
+
+_MODULE_INIT = r"""
+static struct PyModuleDef py_module = {PyModuleDef_HEAD_INIT, "@MODULE@", NULL, -1, py_methods};
+
+PyMODINIT_FUNC PyInit_@MODULE@(void) {
+    const char* str_addr = std::getenv("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR");
+    if (!str_addr) {
+        PyErr_SetString(PyExc_RuntimeError, "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR must be set");
+        return nullptr;
+    }
+    char* endptr = nullptr;
+    errno = 0;
+    uintptr_t addr = std::strtoull(str_addr, &endptr, 10);
+    if (errno != 0 || endptr == str_addr || addr == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "Failed to parse _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR");
+        return nullptr;
+    }
+    _torchinductor_pyobject_tensor_data_ptr = reinterpret_cast<decltype(_torchinductor_pyobject_tensor_data_ptr)>(addr);
+    return PyModule_Create(&py_module);
+}
+"""

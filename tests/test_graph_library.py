@@ -1,0 +1,94 @@
+"""One shared library per compiled graph (awq_inductor.inductor.graph_library): the C++ kernels of a
+graph compiled by our backend are built by one g++ run, loaded again from the caches in the next
+process, and built kernel by kernel where the library fails."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._inductor import config as iconfig
+
+from awq_inductor.inductor import graph_library
+
+
+def _kernels(x, w):
+    # a softmax before an extern mm, a pointwise tail and a row sum after it: C++ kernels on both sides
+    y = torch.softmax(x * 2, dim=-1)
+    return (y @ w).sin() + x.sum(dim=-1, keepdim=True)
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(32, 48, generator=g), torch.randn(48, 48, generator=g)
+
+
+def test_library_source_renames_each_entry_and_binds_all():
+    kernels = [(["const float*", "float*"], '#include <cstdint>\nextern "C"  void  kernel(const float* in_ptr0,\n float* out_ptr0)\n{ out_ptr0[0] = in_ptr0[0]; }'),
+               (["float*", "const int64_t"], 'extern "C" \nvoid kernel(float* Y, const int64_t ks0)\n{ Y[0] = ks0; }')]
+    src = graph_library.library_source(kernels)
+    assert 'extern "C"  void  kernel_0(const float* in_ptr0' in src
+    assert 'extern "C" \nvoid kernel_1(float* Y' in src
+    assert not re.search(r"\bkernel\(", src)  # no entry left under Inductor's name
+    assert "kernel_0(parse_arg<float*>(args, 0), parse_arg<float*>(args, 1));" in src
+    assert "kernel_1(parse_arg<float*>(args, 0), parse_arg<int64_t>(args, 1));" in src
+    assert src.count("PyInit_kernel(") == 1 and '{"kernel_1", kernel_1_py, METH_VARARGS, ""}' in src
+
+
+_PROCESS = r"""
+import torch
+from torch._inductor.cpp_builder import CppBuilder
+from awq_inductor.inductor import graph_library
+import test_graph_library as t
+builds = []
+orig = CppBuilder.build
+CppBuilder.build = lambda self: (builds.append(self.get_target_file_path()), orig(self))[1]
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+pick_vec_isa()  # Inductor's ISA checks build their own probes: not counted
+builds.clear()
+x, w = t._inputs()
+f = torch.compile(t._kernels, backend="awq_inductor")
+torch.testing.assert_close(f(x, w), t._kernels(x, w), rtol=1e-4, atol=1e-4)
+print("LIBRARIES", graph_library.libraries, "BUILDS", len(builds))
+"""
+
+
+def test_a_graphs_kernels_are_one_library_built_once_and_reused_by_the_next_process(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"),
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _PROCESS], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs.append(next(l for l in out.stdout.splitlines() if l.startswith("LIBRARIES")))
+    cold, warm = runs
+    n = int(cold.split("[")[1].split("]")[0])
+    assert n >= 2 and cold.endswith("BUILDS 1"), cold  # every kernel, one g++ run
+    assert warm == cold[:-1] + "0", warm  # the next process: the same library from the caches, no build
+    assert not list(tmp_path.glob("torchinductor_*/precompiled_headers/*.gch"))
+
+
+def test_a_library_that_fails_is_built_kernel_by_kernel_with_one_warning(monkeypatch, caplog, inductor_clean):
+    monkeypatch.setattr(graph_library, "library_source", lambda kernels: "this is not C++;")
+    monkeypatch.setattr(graph_library, "_WARNED", set())
+    built = list(graph_library.libraries)
+    x, w = _inputs()
+    with iconfig.patch(cpp_cache_precompile_headers=False), caplog.at_level(logging.WARNING, "awq_inductor"):
+        f = torch.compile(_kernels, backend="awq_inductor")
+        torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+    warnings = [r.getMessage() for r in caplog.records if "one library failed" in r.getMessage()]
+    assert len(warnings) == 1 and "building each kernel apart" in warnings[0], warnings
+    assert graph_library.libraries == built
+
+
+def test_other_backends_build_as_inductor_does(inductor_clean):
+    built = list(graph_library.libraries)
+    x, w = _inputs()
+    with iconfig.patch(cpp_cache_precompile_headers=False):
+        f = torch.compile(_kernels, backend="inductor")
+        torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+    assert graph_library.libraries == built
