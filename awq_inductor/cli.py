@@ -366,6 +366,11 @@ def main(argv=None) -> int:
     if tp_info:
         _log(f"tensor parallel: {args.tp} ranks (gloo), rank 0 on cores {tp_info['cores']}, "
              f"{tp_info['threads']} threads per rank")
+    if not tp_info:  # the int4 kernels' library beside the loading (the tuner at load needs it)
+        from .integrations.generation import prebuild_scheme_library
+        from .schemes import scheme_for
+
+        prebuild_scheme_library(scheme_for(None), dtype)
     if not args.no_compile:  # Inductor's ISA checks beside the loading (warm_inductor)
         from .integrations.generation import warm_inductor
 
