@@ -101,6 +101,19 @@ def one_library_per_graph():
         _state.active = outer
 
 
+@contextlib.contextmanager
+def kernels_built_apart():
+    """Inside, graphs compiled by our backend build each kernel apart, as Inductor does
+    (``benchmarks/bench_e2e.py --methods compiledperkernel``: the same graphs both ways in one
+    process)."""
+    outer = getattr(_state, "apart", False)
+    _state.apart = True
+    try:
+        yield
+    finally:
+        _state.apart = outer
+
+
 def install() -> None:
     """Route ``AsyncCompile.cpp_pybinding`` / ``wait`` through this module (idempotent; outside
     :func:`one_library_per_graph` they behave as Inductor's own)."""
@@ -113,7 +126,8 @@ def install() -> None:
 
 
 def _cpp_pybinding(self, argtypes, source_code):
-    if not getattr(_state, "active", False) or len(ENTRY.findall(source_code)) != 1:
+    if (not getattr(_state, "active", False) or getattr(_state, "apart", False)
+            or len(ENTRY.findall(source_code)) != 1):
         return _ORIGINAL["cpp_pybinding"](self, argtypes, source_code)
     inductor_async.kernel_code_log.info("CPP+Bindings Kernel:\n%s", source_code)
     batch = getattr(_state, "batch", None)
