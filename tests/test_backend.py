@@ -299,6 +299,31 @@ def test_heavy_isa_check_is_inferred_for_a_flag_subset(monkeypatch, passing):
     assert built == expected + [("VecAVX512", False)]
 
 
+def test_intrinsic_isa_checks_are_answered_from_our_own_builds(monkeypatch):
+    """Inductor's short AVX512-BF16 / VNNI intrinsic checks: answered where a library of ours was
+    built with a superset of the check's flags, built otherwise."""
+    from torch._inductor.cpu_vec_isa import VecAVX512, VecAVX512VNNI, VecISA
+
+    from awq_inductor.inductor import lowering
+    from awq_inductor.kernels import native
+
+    built = []
+    monkeypatch.setattr(VecISA, "check_build", lambda self, code: built.append(code) is None and False)
+    monkeypatch.setattr(native, "_BUILT_FLAGS", set())
+    assert lowering.infer_subset_isa_checks()
+    vnni_code, bf16_code = VecAVX512VNNI._avx512_vnni_code, VecAVX512._avx512_bf16_code
+    vnni = VecAVX512VNNI()
+    assert VecISA.check_build(vnni, vnni_code) is False and built == [vnni_code]  # no build of ours yet
+    native._BUILT_FLAGS.add(frozenset(["-O3", "-fopenmp", *vnni.build_arch_flags().split(), "-mavx512bf16"]))
+    assert VecISA.check_build(vnni, vnni_code) is True and built == [vnni_code]
+    avx512 = VecAVX512()
+    avx512._arch_flags += " -mavx512bf16"  # as VecAVX512.__bool__ does around its check
+    assert VecISA.check_build(avx512, bf16_code) is True and built == [vnni_code]
+    native._BUILT_FLAGS.clear()
+    native._BUILT_FLAGS.add(frozenset(["-O3", "-mavx512f"]))  # flags not covered: built
+    assert VecISA.check_build(vnni, vnni_code) is False and built == [vnni_code, vnni_code]
+
+
 _REBUILD_SCRIPT = textwrap.dedent("""
     import glob, os, sys, torch
     sys.path.insert(0, {tests!r})

@@ -243,7 +243,8 @@ def infer_subset_isa_checks() -> bool:
     """Answer Inductor's heavy vector-ISA check (``VecISA._avx_code``: ATen's vec headers built with
     the ISA's flags and dlopened) without a build for an ISA whose flags are implied by those of
     one that passed it in this process: a subset (the same source with fewer target flags), or
-    AVX2's after an AVX512 one (:data:`IMPLIED_ISA_FLAGS`). Why: on Zen 4
+    AVX2's after an AVX512 one (:data:`IMPLIED_ISA_FLAGS`); the short intrinsic checks from our own
+    builds (:func:`_intrinsic_checks`). Why: on Zen 4
     ``valid_vec_isa_list()`` ran it for AVX512-VNNI, then AVX512 and AVX2, 1.9-4.7 s of g++ each
     on a cold machine (a g++ log of the demo's cold start); AMX hosts ran it four times.
     Idempotent; False where torch has no ``VecISA._avx_code``."""
@@ -257,11 +258,15 @@ def infer_subset_isa_checks() -> bool:
         return True
     passed: list = []  # implied flag sets of the ISAs whose heavy check passed
 
+    intrinsics = _intrinsic_checks()
+
     @functools.wraps(check)
     def check_build(self, code: str) -> bool:
+        flags = frozenset(self.build_arch_flags().split())
+        if code in intrinsics and any(flags <= built for built in native.built_flag_sets()):
+            return True
         if code != heavy:
             return check(self, code)
-        flags = frozenset(self.build_arch_flags().split())
         if any(flags <= p for p in passed):
             return True
         ok = check(self, code)
@@ -272,6 +277,21 @@ def infer_subset_isa_checks() -> bool:
     check_build._awq_infers = True
     VecISA.check_build = check_build
     return True
+
+
+def _intrinsic_checks() -> set:
+    """The sources of Inductor's short ISA checks: one AVX512-BF16 / AVX512-VNNI intrinsic built
+    with the ISA's flags plus ``-mavx512bf16`` / ``-mavx512vnni`` (reached only where the CPU has
+    the feature). :func:`infer_subset_isa_checks` answers them from a library of ours built in this
+    process with a superset of those flags (``native.built_flag_sets``: our AVX512 kernels use
+    these instructions, ``immintrin.h`` declares them with the flags): on the 2-core Zen 4 VM they
+    were 3 g++ runs, 0.4-0.9 s each, cold, that could fall after the tuner's measurement and hold
+    up the first compile's ISA pick."""
+    from torch._inductor import cpu_vec_isa
+
+    codes = (getattr(cpu_vec_isa.VecAVX512, "_avx512_bf16_code", None),
+             getattr(getattr(cpu_vec_isa, "VecAVX512VNNI", None), "_avx512_vnni_code", None))
+    return {c for c in codes if c}
 
 
 def prepare_vec_isa_checks() -> None:

@@ -51,7 +51,18 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
     with _build_lock(so):  # a second thread asking for the same file waits for it, not builds it again
         if not os.path.exists(so):
             _compile(cxx, all_flags, source, so, name, key, d)
+    _BUILT_FLAGS.add(frozenset(all_flags))
     return so
+
+
+_BUILT_FLAGS: set = set()
+
+
+def built_flag_sets() -> list:
+    """The g++ flag sets of the libraries built (or found built, the key covering flags and
+    compiler) in this process: evidence that this compiler accepts them
+    (``inductor.lowering._intrinsic_checks``)."""
+    return list(_BUILT_FLAGS)
 
 
 _BUILD_LOCKS: dict = {}
