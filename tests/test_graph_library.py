@@ -92,3 +92,15 @@ def test_other_backends_build_as_inductor_does(inductor_clean):
         f = torch.compile(_kernels, backend="inductor")
         torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
     assert graph_library.libraries == built
+
+
+def test_a_graph_past_the_library_size_is_split_into_libraries(monkeypatch, inductor_clean):
+    """More kernels than KERNELS_PER_LIBRARY: several libraries (built in parallel where Inductor has
+    compile threads), each kernel still bound to its own entry."""
+    monkeypatch.setattr(graph_library, "KERNELS_PER_LIBRARY", 1)
+    before = len(graph_library.libraries)
+    x, w = _inputs()
+    f = torch.compile(_kernels, backend="awq_inductor")
+    torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+    added = graph_library.libraries[before:]
+    assert len(added) >= 2 and set(added) == {1}, added
