@@ -85,12 +85,15 @@ def test_a_library_that_fails_is_built_kernel_by_kernel_with_one_warning(monkeyp
     assert graph_library.libraries == built
 
 
-def test_other_backends_build_as_inductor_does(inductor_clean):
+def test_other_backends_and_kernels_built_apart_build_as_inductor_does(inductor_clean):
     built = list(graph_library.libraries)
     x, w = _inputs()
     with iconfig.patch(cpp_cache_precompile_headers=False):
         f = torch.compile(_kernels, backend="inductor")
         torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+        with graph_library.kernels_built_apart():
+            g = torch.compile(lambda a, b: _kernels(a, b) * 3, backend="awq_inductor")
+            torch.testing.assert_close(g(x, w), _kernels(x, w) * 3, rtol=1e-4, atol=1e-4)
     assert graph_library.libraries == built
 
 

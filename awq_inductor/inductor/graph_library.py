@@ -89,29 +89,28 @@ class PendingKernel(CodeCacheFuture):
 
 
 @contextlib.contextmanager
+def _set(flag: str):
+    """This thread's ``flag`` on inside (re-entrant)."""
+    outer = getattr(_state, flag, False)
+    setattr(_state, flag, True)
+    try:
+        yield
+    finally:
+        setattr(_state, flag, outer)
+
+
 def one_library_per_graph():
     """Build the kernels of the graphs compiled (or loaded from Inductor's cache) inside as one
-    library per generated module (re-entrant)."""
+    library per generated module (a context manager)."""
     install()
-    outer = getattr(_state, "active", False)
-    _state.active = True
-    try:
-        yield
-    finally:
-        _state.active = outer
+    return _set("active")
 
 
-@contextlib.contextmanager
 def kernels_built_apart():
-    """Inside, graphs compiled by our backend build each kernel apart, as Inductor does
-    (``benchmarks/bench_e2e.py --methods compiledperkernel``: the same graphs both ways in one
-    process)."""
-    outer = getattr(_state, "apart", False)
-    _state.apart = True
-    try:
-        yield
-    finally:
-        _state.apart = outer
+    """Inside (a context manager), graphs compiled by our backend build each kernel apart, as
+    Inductor does (``benchmarks/bench_e2e.py --methods compiledperkernel``: the same graphs both
+    ways in one process)."""
+    return _set("apart")
 
 
 def install() -> None:
