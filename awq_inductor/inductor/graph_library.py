@@ -178,86 +178,40 @@ def _warn_once(msg: str, *args) -> None:
 
 def library_source(kernels: Sequence[tuple]) -> str:
     """One extension module's source: each ``(argtypes, source)`` with its entry renamed
-    ``kernel_<i>``, then the Python bindings of all of them."""
-    bodies, wrappers, methods = [], [], []
+    ``kernel_<i>``, then the Python bindings of all of them, cut from Inductor's own binding
+    (``CppPythonBindingsCodeCache.suffix_template``: argument parsing, one wrapper per kernel,
+    the module and its init) rather than written again here; a template that no longer cuts so
+    raises, and the graph is built kernel by kernel."""
+    cache = CppPythonBindingsCodeCache
+    bodies, wrappers, methods, prelude = [], [], [], ""
     for i, (argtypes, source) in enumerate(kernels):
-        bodies.append(ENTRY.sub(lambda m, i=i: f"{m.group(1)}kernel_{i}(", source, count=1))
-        parsed = ", ".join(f"parse_arg<{t.replace('const ', '')}>(args, {n})" for n, t in enumerate(argtypes))
-        wrappers.append(_WRAPPER.format(i=i, n=len(argtypes), args=parsed))
-        methods.append(f'    {{"kernel_{i}", kernel_{i}_py, METH_VARARGS, ""}},')
-    module = CppPythonBindingsCodeCache.entry_function  # the module name Inductor's loader imports
-    return "\n".join(bodies + [_PRELUDE] + wrappers + [
-        "static PyMethodDef py_methods[] = {", *methods, "    {NULL, NULL, 0, NULL}};",
-        _MODULE_INIT.replace("@MODULE@", module)])
+        entry = f"kernel_{i}"
+        bodies.append(ENTRY.sub(lambda m: f"{m.group(1)}{entry}(", source, count=1))
+        prelude, wrapper, _ = _binding(entry, argtypes)
+        wrappers.append(wrapper)
+        methods.append(f'    {{"{entry}", {entry}_py, METH_VARARGS, ""}},')
+    _, _, init = _binding(cache.entry_function, [])  # the module Inductor's loader imports
+    return "\n".join(bodies + [prelude] + wrappers + [
+        "static PyMethodDef py_methods[] = {", *methods, "    {NULL, NULL, 0, NULL}};", init])
 
 
-# The Python bindings: the argument parsing of Inductor's (CppPythonBindingsCodeCache
-# .suffix_template: tensors as data pointers through the guard library's getter), one wrapper per
-# kernel, one module.
-_PRELUDE = r"""
-// awq-inductor: Python bindings of the kernels above (one library per graph)
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <cerrno>
-#include <cstdlib>
-#include <stdexcept>
+def _binding(entry: str, argtypes: Sequence[str]) -> tuple:
+    """Inductor's binding of one ``entry`` cut in three: (argument parsing, the entry's wrapper,
+    the module definition and init after its method table)."""
+    cache = CppPythonBindingsCodeCache
+    parsed = ", ".join(f"parse_arg<{t.replace('const ', '')}>(args, {n})" for n, t in enumerate(argtypes))
+    call = cache.call_entry_function.replace(f"{cache.entry_function}(", f"{entry}(", 1).format(parsed)
+    text = cache.suffix_template.format(arg_len=len(argtypes), call_entry_func=call, entry_func=entry,
+                                        extra_parse_arg="")
+    prelude, wrapper = _cut(text, f"static PyObject* {entry}_py(")
+    wrapper, table = _cut(wrapper, "static PyMethodDef py_methods[]")
+    _, init = _cut(table, "static struct PyModuleDef py_module")
+    return prelude, wrapper, init
 
-static void* (*_torchinductor_pyobject_tensor_data_ptr)(PyObject* obj);
 
-template <typename T> static inline T parse_arg(PyObject* args, size_t n) {
-    static_assert(std::is_pointer_v<T>, "arg type must be pointer or long");
-    return static_cast<T>(_torchinductor_pyobject_tensor_data_ptr(PyTuple_GET_ITEM(args, n)));
-}
-template <> inline int64_t parse_arg<int64_t>(PyObject* args, size_t n) {
-    auto result = PyLong_AsSsize_t(PyTuple_GET_ITEM(args, n));
-    if (result == -1 && PyErr_Occurred()) [[unlikely]] throw std::runtime_error("expected int arg");
-    return result;
-}
-template <> inline uintptr_t parse_arg<uintptr_t>(PyObject* args, size_t n) {
-    auto result = PyLong_AsVoidPtr(PyTuple_GET_ITEM(args, n));
-    if (result == reinterpret_cast<void*>(-1) && PyErr_Occurred()) [[unlikely]] throw std::runtime_error("expected int arg");
-    return reinterpret_cast<uintptr_t>(result);
-}
-template <> inline float parse_arg<float>(PyObject* args, size_t n) {
-    auto result = PyFloat_AsDouble(PyTuple_GET_ITEM(args, n));
-    if (result == -1.0 && PyErr_Occurred()) [[unlikely]] throw std::runtime_error("expected float arg");
-    return static_cast<float>(result);
-}
-"""
-
-_WRAPPER = """
-static PyObject* kernel_{i}_py(PyObject* self, PyObject* args) {{
-    try {{
-        if (!PyTuple_CheckExact(args)) [[unlikely]] throw std::runtime_error("tuple args required");
-        if (PyTuple_GET_SIZE(args) != {n}) [[unlikely]] throw std::runtime_error("requires {n} args");
-        kernel_{i}({args});
-        Py_RETURN_NONE;
-    }} catch (std::exception const& e) {{
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-        return nullptr;
-    }} catch (...) {{
-        PyErr_SetString(PyExc_RuntimeError, "unhandled error");
-        return nullptr;
-    }}
-}}"""
-
-_MODULE_INIT = r"""
-static struct PyModuleDef py_module = {PyModuleDef_HEAD_INIT, "@MODULE@", NULL, -1, py_methods};
-
-PyMODINIT_FUNC PyInit_@MODULE@(void) {
-    const char* str_addr = std::getenv("_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR");
-    if (!str_addr) {
-        PyErr_SetString(PyExc_RuntimeError, "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR must be set");
-        return nullptr;
-    }
-    char* endptr = nullptr;
-    errno = 0;
-    uintptr_t addr = std::strtoull(str_addr, &endptr, 10);
-    if (errno != 0 || endptr == str_addr || addr == 0) {
-        PyErr_SetString(PyExc_RuntimeError, "Failed to parse _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR");
-        return nullptr;
-    }
-    _torchinductor_pyobject_tensor_data_ptr = reinterpret_cast<decltype(_torchinductor_pyobject_tensor_data_ptr)>(addr);
-    return PyModule_Create(&py_module);
-}
-"""
+def _cut(text: str, marker: str) -> tuple:
+    """(text before ``marker``, ``marker`` and the rest); ValueError naming it if missing."""
+    at = text.find(marker)
+    if at < 0:
+        raise ValueError(f"Inductor's Python binding template has no {marker!r}")
+    return text[:at], text[at:]
