@@ -59,16 +59,28 @@ def huge_empty(nbytes: int) -> torch.Tensor:
     return whole[start:start + nbytes]
 
 
+def is_huge(t: torch.Tensor) -> bool:
+    """``t`` sits in memory :func:`on_huge_pages` allocated. The mark names the storage it was made
+    for: ``copy.deepcopy`` and ``clone`` copy a tensor's Python attributes onto new, small-page
+    memory (a deep copy of a converted model kept the mark on every weight, so ``convert`` of the
+    copy moved nothing: its decoder ran on 4 KiB pages)."""
+    mark = getattr(t, "_awq_huge", None)
+    return mark is not None and mark is not False and mark == t.untyped_storage().data_ptr()
+
+
+def _mark(t: torch.Tensor) -> None:
+    t._awq_huge = t.untyped_storage().data_ptr()
+
+
 def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of CPU tensor ``t`` on huge pages (same dtype and shape), or ``t`` itself
     where huge pages are not available (or ``config.huge_pages`` is off), ``t`` is smaller than
     :data:`MIN_BYTES` or already there."""
-    if (not in_use() or t.device.type != "cpu" or t.nbytes < MIN_BYTES or t.is_sparse
-            or getattr(t, "_awq_huge", False)):
+    if not in_use() or t.device.type != "cpu" or t.nbytes < MIN_BYTES or t.is_sparse or is_huge(t):
         return t
     out = huge_empty(t.nbytes).view(t.dtype).view(t.shape)
     out.copy_(t)
-    out._awq_huge = True
+    _mark(out)
     return out
 
 
@@ -87,11 +99,11 @@ def place_streamed_weights(model: torch.nn.Module) -> int:
     for module in model.modules():
         for name in getattr(type(module), "STREAMED_TENSORS", ()):
             t = getattr(module, name, None)
-            if not isinstance(t, torch.Tensor) or getattr(t, "_awq_huge", False):
+            if not isinstance(t, torch.Tensor) or is_huge(t):
                 continue
             huge = on_huge_pages(t.detach())
             if huge is not t and huge.data_ptr() != t.data_ptr():
                 t.data = huge
-                t._awq_huge = True
+                _mark(t)
                 moved += t.nbytes
     return moved
