@@ -134,10 +134,12 @@ def main(argv=None):
     # int4head: a copy with the opt-in quantized lm_head. Timed in the rounds beside the others: run
     # after them, on a VM whose bandwidth moves 30-60 GB/s within minutes, the int8 head's row once
     # read as a loss (0.87-0.98x the bf16 head) that one moment explained
+    def converted_copy(**options):
+        return convert(copy.deepcopy(model), **options)
+
     variants = {"compiled4k": lambda: copy.deepcopy(model),
-                "compiledw4a8": lambda: convert(copy.deepcopy(model), act_quant="int8"),
-                **{m: functools.partial(lambda head: convert(copy.deepcopy(model), lm_head=head), head)
-                   for m, head in HEAD_METHODS.items()}}
+                "compiledw4a8": functools.partial(converted_copy, act_quant="int8"),
+                **{m: functools.partial(converted_copy, lm_head=head) for m, head in HEAD_METHODS.items()}}
     copies = {m: variants[m]() for m in compiled if m in variants}
     gguf_dir = tempfile.TemporaryDirectory()
     ggufs = peer_files(ref, [m for m in compiled if m in PEERS], gguf_dir.name)

@@ -107,3 +107,22 @@ def test_a_graph_past_the_library_size_is_split_into_libraries(monkeypatch, indu
     torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
     added = graph_library.libraries[before:]
     assert len(added) >= 2 and set(added) == {1}, added
+
+
+def test_a_torch_without_the_hooks_compiles_with_inductors_builds_said_once(monkeypatch, caplog):
+    """Where this torch's AsyncCompile lacks what graph_library wraps, the backend's compile goes on
+    with Inductor's per-kernel builds and says so once, naming the error."""
+    import contextlib
+
+    from awq_inductor.inductor import lowering
+
+    def moved():
+        raise AttributeError("type object 'AsyncCompile' has no attribute 'cpp_pybinding'")
+
+    monkeypatch.setattr(graph_library, "one_library_per_graph", moved)
+    monkeypatch.setattr(lowering, "_SAID", set())
+    with caplog.at_level(logging.WARNING):
+        contexts = [lowering.graph_library_context() for _ in range(2)]
+    assert all(isinstance(c, contextlib.nullcontext) for c in contexts)
+    said = [r.getMessage() for r in caplog.records if "one-library-per-graph" in r.getMessage()]
+    assert len(said) == 1 and "cpp_pybinding" in said[0], said

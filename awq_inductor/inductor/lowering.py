@@ -668,8 +668,20 @@ def compile_with_inductor(gm, example_inputs, config_patches: dict):
     C++ kernels built as one library (:mod:`.graph_library`; the caller registers our lowering)."""
     from torch._inductor.compile_fx import compile_fx
 
-    from .graph_library import one_library_per_graph
-
     require_cxx()  # a clear CompilerNotFoundError now rather than one from deep inside Inductor
-    with one_library_per_graph():
+    with graph_library_context():
         return compile_fx(gm, example_inputs, config_patches=config_patches)
+
+
+def graph_library_context():
+    """:func:`.graph_library.one_library_per_graph`, or, where this torch's ``AsyncCompile`` /
+    ``CppPythonBindingsCodeCache`` moved, Inductor's own per-kernel builds, said once with the
+    reason: an optimisation of the build, never a reason for a compile to fail."""
+    try:
+        from .graph_library import one_library_per_graph
+
+        return one_library_per_graph()
+    except (ImportError, AttributeError) as e:
+        _say_once("awq_inductor: torch %s: no one-library-per-graph build (%s: %s); Inductor builds "
+                  "each kernel apart", torch.__version__, type(e).__name__, e)
+        return contextlib.nullcontext()

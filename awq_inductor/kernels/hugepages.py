@@ -64,8 +64,7 @@ def is_huge(t: torch.Tensor) -> bool:
     for: ``copy.deepcopy`` and ``clone`` copy a tensor's Python attributes onto new, small-page
     memory (a deep copy of a converted model kept the mark on every weight, so ``convert`` of the
     copy moved nothing: its decoder ran on 4 KiB pages)."""
-    mark = getattr(t, "_awq_huge", None)
-    return mark is not None and mark is not False and mark == t.untyped_storage().data_ptr()
+    return getattr(t, "_awq_huge", None) == t.untyped_storage().data_ptr()
 
 
 def _mark(t: torch.Tensor) -> None:

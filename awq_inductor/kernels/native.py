@@ -31,6 +31,8 @@ from .toolchain import compiler_id, require_cxx
 
 _BASE_FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-std=c++17", "-fno-strict-aliasing"]
 VP, I64, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+#: the g++ flag sets of the libraries built or found built in this process (built_flag_sets)
+_BUILT_FLAGS: set = set()
 
 
 def cache_dir() -> str:
@@ -53,9 +55,6 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
             _compile(cxx, all_flags, source, so, name, key, d)
     _BUILT_FLAGS.add(frozenset(all_flags))
     return so
-
-
-_BUILT_FLAGS: set = set()
 
 
 def built_flag_sets() -> list:
