@@ -85,6 +85,55 @@ def test_a_library_that_fails_is_built_kernel_by_kernel_with_one_warning(monkeyp
     assert graph_library.libraries == built
 
 
+def test_libraries_include_the_precompiled_header_and_gcc_takes_it(monkeypatch, tmp_path, inductor_clean):
+    """A graph's library is built with ``-include`` of our prefix header, whether or not its
+    ``.gch`` exists yet (one cache key); once built, g++ takes the ``.gch`` for a library's flags
+    (``-H`` marks a precompiled header it used with "!"; an invalid one with "x")."""
+    import shlex
+
+    from torch._inductor.codecache import CppPythonBindingsCodeCache
+    from torch._inductor.cpp_builder import CppBuilder
+
+    from awq_inductor.kernels import native
+
+    seen = []
+    load = CppPythonBindingsCodeCache.load_async
+    monkeypatch.setattr(CppPythonBindingsCodeCache, "load_async",
+                        lambda *a, **k: (seen.append(tuple(k.get("extra_flags", ()))), load(*a, **k))[1])
+    x, w = _inputs()
+    f = torch.compile(lambda a, b: _kernels(a, b) - 1, backend="awq_inductor")
+    torch.testing.assert_close(f(x, w), _kernels(x, w) - 1, rtol=1e-4, atol=1e-4)
+    header = graph_library.prefix_header()
+    assert header.startswith(native.cache_dir()) and seen and set(seen) == {(f"-include {header}",)}, seen
+
+    gch = graph_library.build_prefix_header()
+    assert gch == header + ".gch" and os.path.getsize(gch) > 1 << 20
+    src = tmp_path / "k.cpp"
+    src.write_text('#include <torch/csrc/inductor/cpp_prefix.h>\n'
+                   'extern "C" void kernel(float* y) { at::vec::Vectorized<float>(2.0f).store(y); }\n')
+    options = graph_library._library_options(False, graph_library.prefix_header_flags() + ("-H",))
+    command = CppBuilder(name=str(tmp_path / "k"), sources=str(src), BuildOption=options).get_command_line()
+    out = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"! {gch}" in out.stderr, [l for l in out.stderr.splitlines() if "gch" in l or "awq_prefix" in l]
+
+
+def test_a_precompiled_header_that_fails_is_said_once_and_libraries_parse_it(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(graph_library, "_WARNED", set())
+    monkeypatch.setattr(graph_library, "prefix_header", lambda: str(tmp_path / "awq_prefix.h"))
+
+    def broken():
+        raise RuntimeError("g++: internal compiler error: Killed")
+
+    monkeypatch.setattr(graph_library, "build_prefix_header", broken)
+    with caplog.at_level(logging.WARNING, "awq_inductor"):
+        for _ in range(2):
+            graph_library._build_prefix_header_quietly()
+    said = [r.getMessage() for r in caplog.records if "no precompiled header" in r.getMessage()]
+    assert len(said) == 1 and "internal compiler error" in said[0] and "2.5 s more per graph" in said[0], said
+    assert graph_library.prefix_header_flags() == (f"-include {tmp_path / 'awq_prefix.h'}",)
+
+
 def test_other_backends_and_kernels_built_apart_build_as_inductor_does(inductor_clean):
     built = list(graph_library.libraries)
     x, w = _inputs()

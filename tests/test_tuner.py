@@ -255,13 +255,25 @@ def test_tune_cli_measures_real_kernels(tune_dir, capsys):
     """The CLI on a small shape: real kernels timed, the plan cached for this machine."""
     from awq_inductor.__main__ import main
 
-    assert main(["tune", "--shapes", "256x128", "--group-size", "64", "--dtype", "float32"]) == 0
+    assert main(["tune", "--shapes", "256x128", "--group-size", "64", "--dtype", "float32", "--no-header"]) == 0
     out = capsys.readouterr().out
-    assert "tuned 1 shape(s)" in out and "int4_mm K=256 N=128 G=64" in out
+    assert "tuned 1 shape(s)" in out and "int4_mm K=256 N=128 G=64" in out and "header" not in out
     data = json.load(open(tuning_cache.cache_path()))
     (key, entry), = data["plans"].items()
     assert key.startswith("int4_mm/") and key.endswith("/float32/K256/N128/G64")
     assert set(entry["times_ms"]) >= {"dense", "f32_rows"} and entry["times_ms"]["dense"]["1"] > 0
+
+
+def test_tune_cli_precompiles_the_graph_header(tune_dir, capsys, monkeypatch):
+    """Without --no-header the CLI also builds the compiled graphs' precompiled header (the build
+    itself: tests/test_graph_library.py) and says where."""
+    from awq_inductor.__main__ import main
+    from awq_inductor.inductor import lowering
+
+    built = []
+    monkeypatch.setattr(lowering, "build_graph_library_header", lambda: built.append(1) or "/c/pch/k/awq_prefix.h.gch")
+    assert main(["tune", "--shapes", "256x128", "--group-size", "64", "--dtype", "float32"]) == 0
+    assert built == [1] and "precompiled header in " in capsys.readouterr().out
 
 
 def _compiled_code(lin, x):

@@ -673,6 +673,18 @@ def compile_with_inductor(gm, example_inputs, config_patches: dict):
         return compile_fx(gm, example_inputs, config_patches=config_patches)
 
 
+def build_graph_library_header() -> Optional[str]:
+    """Precompile the graph libraries' header now (:func:`.graph_library.build_prefix_header`;
+    ``python -m awq_inductor tune``); its path, or None where the one-library build is not
+    available (:func:`graph_library_context` says so)."""
+    try:
+        from .graph_library import build_prefix_header
+    except (ImportError, AttributeError):
+        return None
+    warm_compiler()  # the vector-ISA checks its flags depend on, with our shortcuts
+    return build_prefix_header()
+
+
 def graph_library_context():
     """:func:`.graph_library.one_library_per_graph`, or, where this torch's ``AsyncCompile`` /
     ``CppPythonBindingsCodeCache`` moved, Inductor's own per-kernel builds, said once with the
