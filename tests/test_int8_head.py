@@ -49,16 +49,46 @@ def test_one_row_channel_blocking(kc):
     torch.testing.assert_close(int8_head._gemv(x, q, s, kc), ref, rtol=0, atol=1e-5 * float(ref.abs().max()))
 
 
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 7])
+def test_vnni_and_portable_kernels_agree(M):
+    """The AVX512 (VNNI, unsigned w + 128 against signed x, the 128 * sum(a) taken off) and the
+    portable (signed int32 dot) kernels compute the same integer sums: equal up to fp32 sums.
+    K = 300: two whole groups of 128 and a partial one ending inside a 64-byte step."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    if not isa_mod.select().avx512_bf16:
+        pytest.skip("no AVX512-BF16 / VNNI on this machine")
+    _, q, s, _ = _weights(45, 300, seed=M, bias=False)
+    x = torch.randn(M, 300, generator=torch.Generator().manual_seed(M)) * torch.linspace(0.1, 4, 300)
+    fast, portable = (int8_head._gemv(x, q, s, isa=i) for i in ("avx512", "portable"))
+    torch.testing.assert_close(fast, portable, rtol=0, atol=2e-6 * float(portable.abs().max()))
+    ref = oracles.int8_linear(x, q, s, None).float()
+    torch.testing.assert_close(fast, ref, rtol=0, atol=2e-6 * float(ref.abs().max()))
+
+
+def test_nonfinite_x_gives_nan_logits_not_garbage():
+    _, q, s, _ = _weights(16, 256, bias=False)
+    x = torch.randn(3, 256)
+    x[1, 200] = float("nan")
+    x[2, 5] = float("inf")
+    y = int8_head.int8_linear(x, q, s)
+    assert bool(torch.isfinite(y[0]).all()) and bool(torch.isnan(y[1]).all()) and bool(torch.isnan(y[2]).all())
+
+
 def test_quantization_error_bounds():
-    """Elementwise |w - dequant| <= s / 2 (round to nearest, no clipping: s = max|w| / 127), and
-    each row's largest logit error within 2% (max over rows) / 1% (mean) of its largest |logit|:
-    the rounding error per logit has std ~ (max|w| / 127) / sqrt(12) * sqrt(K) |x|, about 0.6% of
-    the logits' std for Gaussian weights, and the largest of 512 channels ~3 stds of either."""
+    """Elementwise |w - dequant| <= s / 2 (round to nearest, no clipping: s = max|w| / 127), x's
+    rounding per group (quantize_x) within max|x_g| / 254, and each row's largest logit error
+    within 2% (max over rows) / 1% (mean) of its largest |logit|: each rounding adds an error per
+    logit of std ~ (max / 127) / sqrt(12) * sqrt(K) * rms of the other factor, about 0.6% of the
+    logits' std for Gaussian weights and x, and the largest of 512 channels ~3 stds of either."""
     w, q, s, _ = _weights(512, 256, bias=False)
     assert q.dtype == torch.int8 and s.dtype == torch.float32 and int(q.abs().max()) == 127
     err = (q.float() * s[:, None] - w).abs()
     assert bool((err <= s[:, None] / 2 * (1 + 1e-6)).all())
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    xg = x.reshape(64, -1, int8_head.X_GROUP)
+    xerr = (int8_head.quantize_x(x) - x).reshape(xg.shape).abs()
+    assert bool((xerr <= xg.abs().amax(dim=2, keepdim=True) / 254 * (1 + 1e-6)).all())
     ref = x @ w.t()
     y = int8_head.int8_linear(x, q, s)
     rel = (y - ref).abs().amax(dim=1) / ref.abs().amax(dim=1)

@@ -45,8 +45,9 @@ def use_bf16_gemv(head: nn.Module) -> bool:
 
 class Int8HeadLinear(nn.Module):
     """``nn.Linear`` replacement with per-output-channel symmetric int8 weights and fp32 scales,
-    quantized once from the bf16/fp16/fp32 head (:func:`awq_inductor.int8_head.quantize_per_channel`).
-    Holds its own int8 copy: a tied input embedding keeps its float table untouched."""
+    quantized once from the bf16/fp16/fp32 head (:func:`awq_inductor.int8_head.quantize_per_channel`);
+    its input is rounded to int8 per group of 128 (W8A8: ``awq::int8_linear``). Holds its own int8
+    copy: a tied input embedding keeps its float table untouched."""
 
     STREAMED_TENSORS = ("weight_int8",)  # read whole per decoded token (kernels.hugepages)
 

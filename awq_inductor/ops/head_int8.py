@@ -4,11 +4,14 @@
 
 ``weight`` int8 [N, K] (per output channel, symmetric: ``round(w / s)`` clamped to +-127),
 ``scales`` fp32 [N] (``max |w[n]| / 127``), ``bias`` fp32 [N] or None; ``x`` [M, K] bf16, fp16 or
-fp32; returns ``x @ (weight * scales[:, None]).T (+ bias)`` in x's dtype. Half the bytes of a bf16
-head, and decode is memory-bound. Up to :data:`GEMV_MAX_M` rows run our C++ GEMV
-(``csrc_templates/head/int8_linear.cpp.j2``: one pass over the weights per 4 rows, :data:`KC_ONE_ROW`
-channels at a time for one row); more rows (a
-full-sequence forward) dequantize the weight in chunks of channels and use ``F.linear``.
+fp32; returns ``quantize_x(x) @ (weight * scales[:, None]).T (+ bias)`` in x's dtype, where
+:func:`quantize_x` rounds each group of :data:`X_GROUP` k of a row to int8 with its own scale
+(``max |x_g| / 127``; llama.cpp's Q8 activations do the same in blocks of 32): W8A8, so the GEMV is
+one VNNI dot product per 64 weights. Half the bytes of a bf16 head, and decode is memory-bound. Up
+to :data:`GEMV_MAX_M` rows run our C++ GEMV (``csrc_templates/head/int8_linear.cpp.j2``: one pass
+over the weights per 4 rows, :data:`KC_ONE_ROW` channels at a time for one row); more rows (a
+full-sequence forward) quantize x the same way, dequantize the weight in chunks of channels and
+use ``F.linear``, so prefill and decode compute the same logits.
 """
 from __future__ import annotations
 
@@ -23,6 +26,9 @@ from ..kernels import isa as isa_mod, native
 from ..kernels.native import I64, INT, VP
 
 GEMV_MAX_M = 8
+#: k per x quantization group. Why 128: the int32 sums of a group are scaled once per 128 weights
+#: (a convert and an FMA per two vpdpbusd), and the error stays that of a per-group int8 x.
+X_GROUP = 128
 _CHUNK = 4096  # channels dequantized at a time for M > GEMV_MAX_M (32 MiB fp32 at K = 2048)
 SCHEMA = "(Tensor x, Tensor weight, Tensor scales, Tensor? bias) -> Tensor"
 
@@ -56,26 +62,35 @@ def check_args(x, weight, scales, bias) -> None:
         raise ValueError(f"bias: expected float32 [{N}], got {bias.dtype} {list(bias.shape)}")
 
 
+def quantize_x(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> fp32 x as the op sees it: per row and group of :data:`X_GROUP` k,
+    ``round(x * (127 / max|x_g|)) * (max|x_g| / 127)`` (the kernel's fp32 operations, in its order)."""
+    M, K = x.shape
+    pad = -K % X_GROUP
+    xg = F.pad(x.to(torch.float32), (0, pad)).reshape(M, -1, X_GROUP)
+    amax = xg.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1), 0)
+    a = torch.round(xg * inv).clamp_(-127, 127)
+    return (a * (amax / 127)).reshape(M, -1)[:, :K]
+
+
 #: x (fp32), M, weight, scales, y, N, K, threads
 ARGS = (VP, I64, VP, VP, VP, I64, I64, INT)
 
 
-#: Weight channels streamed together for one row (decode). The kernel is compute-bound per core on
-#: Zen 4 (1 thread, 32000 x 4096: 13.3 ms for the int8 head's 131 MB against 14.3 ms for the bf16
-#: GEMV's 262 MB: sign-extend + convert + FMA per 16 weights), so more independent streams per
-#: step pay: 8 channels took 0.86x, 0.86x and 0.86x the time of 4 at 1 thread, 0.95x, 0.80x, 1.05x
-#: and 0.67x at 2 threads (interleaved, 40-60 calls each, load average 2.7-6.4 from other jobs).
+#: Weight channels streamed together for one row (decode): 8 independent streams per step. Measured
+#: for the fp32 kernel this one replaced (8 channels 0.67-1.05x the time of 4); kept for the VNNI one.
 KC_ONE_ROW = 8
 
 
 @functools.lru_cache(maxsize=None)
 def _kernel(isa: str, kc_one_row: int = KC_ONE_ROW):
     return native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32", ARGS, flags=list(isa_mod.get(isa).flags),
-                             isa=isa, kc1=kc_one_row)
+                             isa=isa, kc1=kc_one_row, gx=X_GROUP)
 
 
-def _gemv(x, weight, scales, kc_one_row: Optional[int] = None) -> torch.Tensor:
-    isa = "avx512" if isa_mod.select().avx512_bf16 else "portable"
+def _gemv(x, weight, scales, kc_one_row: Optional[int] = None, isa: Optional[str] = None) -> torch.Tensor:
+    isa = isa or ("avx512" if isa_mod.select().avx512_bf16 else "portable")
     M, K = x.shape
     N = weight.shape[0]
     xf = x.to(torch.float32).contiguous()
@@ -85,6 +100,7 @@ def _gemv(x, weight, scales, kc_one_row: Optional[int] = None) -> torch.Tensor:
 
 
 def _chunked(x, weight, scales) -> torch.Tensor:
+    x = quantize_x(x).to(x.dtype)  # bf16 / fp16 rows as before: a full-sequence forward's matmul
     out = []
     for n0 in range(0, weight.shape[0], _CHUNK):
         w = weight[n0:n0 + _CHUNK].to(torch.float32) * scales[n0:n0 + _CHUNK, None]
