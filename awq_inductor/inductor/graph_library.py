@@ -340,7 +340,7 @@ def prefix_header_flags() -> tuple:
     waited for: that library parses the header."""
     try:
         return (f"-include {shlex.quote(prefix_header())}",)
-    except OSError as e:
-        _warn_once("awq_inductor: no precompiled header for the graph libraries (%s); each library parses "
-                   "it", e)
+    except Exception as e:  # noqa: BLE001  (an optimisation: never a reason to lose the one-library build)
+        _warn_once("awq_inductor: no precompiled header for the graph libraries (%s: %s); each library "
+                   "parses it", type(e).__name__, e)
         return ()

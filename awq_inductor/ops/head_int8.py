@@ -66,12 +66,12 @@ def quantize_x(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] -> fp32 x as the op sees it: per row and group of :data:`X_GROUP` k,
     ``round(x * (127 / max|x_g|)) * (max|x_g| / 127)`` (the kernel's fp32 operations, in its order)."""
     M, K = x.shape
-    pad = -K % X_GROUP
-    xg = F.pad(x.to(torch.float32), (0, pad)).reshape(M, -1, X_GROUP)
+    groups = -(-K // X_GROUP)
+    xg = F.pad(x.to(torch.float32), (0, groups * X_GROUP - K)).reshape(M, groups, X_GROUP)
     amax = xg.abs().amax(dim=2, keepdim=True)
     inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1), 0)
     a = torch.round(xg * inv).clamp_(-127, 127)
-    return (a * (amax / 127)).reshape(M, -1)[:, :K]
+    return (a * (amax / 127)).reshape(M, groups * X_GROUP)[:, :K]
 
 
 #: x (fp32), M, weight, scales, y, N, K, threads

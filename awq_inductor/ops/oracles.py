@@ -60,15 +60,10 @@ def moe(name: str, x, topk_ids, topk_weights, *args, quantize_x: bool = False) -
     return out.to(x.dtype)
 
 
-def int8_linear(x, weight, scales, bias, x_group: int = 128) -> torch.Tensor:
-    """``awq::int8_linear``: x rounded to int8 per row and group of ``x_group`` k (scale max |x_g| /
-    127, the kernel's fp32 operations), times the dequantized weight, in fp32."""
-    xf = x.float()
-    out = []
-    for k0 in range(0, xf.shape[1], x_group):
-        xg = xf[:, k0:k0 + x_group]
-        amax = xg.abs().amax(dim=1, keepdim=True)
-        inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1), 0)
-        out.append(torch.round(xg * inv).clamp(-127, 127) * (amax / 127))
-    y = torch.cat(out, dim=1) @ (weight.float() * scales[:, None]).t()
+def int8_linear(x, weight, scales, bias) -> torch.Tensor:
+    """``awq::int8_linear``: x rounded to int8 per row and group (``head_int8.quantize_x``, whose
+    bounds tests/test_int8_head.py checks), times the dequantized weight, in fp32."""
+    from .head_int8 import quantize_x
+
+    y = quantize_x(x) @ (weight.float() * scales[:, None]).t()
     return (y if bias is None else y + bias).to(x.dtype)
