@@ -8,7 +8,8 @@ files the model never saw); greedy continuations start from a held-out prompt.
 
 Cost: every format at every G is scored eagerly in fp32 (a second or two each); greedy decoding,
 the other activation dtypes and W4A8 run on four checkpoints that still cover each format and each
-G; the compiled path (about a minute per graph set) on three: fp32 and bf16 W4A16, bf16 W4A8.
+G; the compiled path on three: fp32 and bf16 W4A16, bf16 W4A8, compiled as ``python -m awq_inductor``
+compiles (one decoder layer per kind; whole-model compilation is tested in test_hf / test_generation).
 ``benchmarks/fidelity_report.py`` prints the full table.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ pytest.importorskip("safetensors")
 pytest.importorskip("tokenizers")
 
 from awq_inductor import patch_transformers, tiny_model  # noqa: E402
+from awq_inductor.integrations.generation import compile_for_generate, uncompile  # noqa: E402
 from awq_inductor.transform import convert, count_int4_linears  # noqa: E402
 
 N_TOKENS = 512        # held-out tokens scored (2 windows of SEQ)
@@ -164,7 +166,10 @@ def test_compiled(data, checkpoint, case, dtype, act_quant):
     path, ref_ppl, ref_tokens = checkpoint(case, greedy=act_quant is None)
     model = _load(path, dtype, act_quant)
     torch._dynamo.reset()
-    model.forward = torch.compile(model.forward, backend="awq_inductor", dynamic=True)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    compile_for_generate(model)
     try:
         # fp32: prefill + decode graphs; the perplexity windows and the forced agreement (batch 1) reuse
         # the prefill graph; bf16 and W4A8: that one graph only
@@ -172,7 +177,9 @@ def test_compiled(data, checkpoint, case, dtype, act_quant):
         ppl = tiny_model.perplexity(model, ids, SEQ)
         agree = tiny_model.forced_agreement(model, ids[:, :PROMPT], ref_tokens) if ref_tokens is not None else None
     finally:
+        uncompile(model)
         torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] == (2 if dtype == torch.float32 else 1), counters["stats"]
     tol = {torch.float32: 1e-3, torch.bfloat16: 0.01}[dtype] if act_quant is None else 0.03
     assert _rel(ppl, ref_ppl) < tol, (ppl, ref_ppl)
     if got is not None:  # fp32: free-running greedy generation, token-identical

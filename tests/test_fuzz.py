@@ -180,7 +180,7 @@ def test_fuzz_compiled_dynamic_m(request, inductor_clean):
     import awq_inductor.inductor.backend  # noqa: F401
     from torch.fx.experimental import _config as fx_config
 
-    deadline = time.monotonic() + _budget(request.config, 30)
+    deadline = time.monotonic() + _budget(request.config, 20)
     failing = []
 
     @settings(max_examples=_examples(request.config, 12), deadline=None, suppress_health_check=list(HealthCheck),

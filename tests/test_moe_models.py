@@ -56,6 +56,8 @@ class MoeCounter(torch.utils._python_dispatch.TorchDispatchMode):
 
 CASES = [("qwen3_moe", "awq", "gemm"), ("qwen3_moe", "gptq", "gptq"), ("qwen2_moe", "awq", "gemm"),
          ("qwen2_moe", "awq", "gemv"), ("mixtral", "awq", "gemm"), ("mixtral", "gptq", "gptq_v2")]
+#: compiled once per architecture: a format changes what is loaded (checked eagerly), not the graph
+COMPILED_CASES = {next(c for c in CASES if c[0] == arch) for arch in dict.fromkeys(c[0] for c in CASES)}
 
 
 @pytest.mark.parametrize("arch,qm,fmt", CASES, ids=[f"{a}-{f}" for a, _, f in CASES])
@@ -82,6 +84,8 @@ def test_load_matches_reference_eager_and_compiled(tmp_path, arch, qm, fmt):
     kw = dict(max_new_tokens=16, do_sample=False, min_new_tokens=16, pad_token_id=0)
     exp = ref.generate(prompt, **kw)
     assert torch.equal(model.generate(prompt, **kw), exp)
+    if (arch, qm, fmt) not in COMPILED_CASES:
+        return
     torch._dynamo.reset()
     # no graph break in a decoder layer with the MoE block
     layer = model.model.layers[0]
