@@ -479,9 +479,25 @@ def test_decode_prefetch_is_measured_once_per_machine_and_reaches_the_plans(tune
         monkey.undo()
 
 
+@pytest.mark.parametrize("l3,want", [(32 << 20, 96 << 20), (8 << 20, 64 << 20), (480 << 20, 256 << 20),
+                                     (None, 256 << 20)])
+def test_cold_rotation_is_three_last_level_caches_within_bounds(monkeypatch, l3, want):
+    """Cold measurements rotate through 3x the L3s (evicted between uses), 64-256 MiB; 256 MiB where
+    sysfs does not say."""
+    monkeypatch.setattr(tuner, "last_level_cache_bytes", lambda: l3)
+    assert tuner.cold_bytes() == want
+
+
+def test_last_level_cache_bytes_reads_this_machine():
+    got = tuner.last_level_cache_bytes()
+    if got is None:
+        pytest.skip("sysfs lists no level-3 cache here")
+    assert (1 << 20) <= got <= (4 << 30), got
+
+
 def test_kernel_timer_reads_cold_weights_at_decode_rows(monkeypatch):
     """Up to COLD_MAX_M rows every timed call is a full-size call on another copy of the packed
-    weight (COLD_BYTES in rotation: read from DRAM, as in decode); from there on column slices (hot)."""
+    weight (cold_bytes() in rotation: read from DRAM, as in decode); from there on column slices (hot)."""
     from awq_inductor.kernels import native
 
     seen = {}
@@ -490,7 +506,7 @@ def test_kernel_timer_reads_cold_weights_at_decode_rows(monkeypatch):
         seen.setdefault(x.shape[0], []).append((qweight.data_ptr(), n))
 
     monkeypatch.setattr(native, "get_kernel", lambda *a, **k: fake_kernel)
-    monkeypatch.setattr(tuner, "COLD_BYTES", 64 << 20)
+    monkeypatch.setattr(tuner, "cold_bytes", lambda: 64 << 20)
     op = OPS["int4_mm"]
     timer = tuner.kernel_timer(op, "avx512", torch.bfloat16, 1024, 4096, 128)
     plan = kplan.candidates(op, "avx512", torch.bfloat16)["decode_bf16"]

@@ -66,7 +66,7 @@ LARGE_M = 128
 LARGE_COLUMNS = 1024
 #: Up to this many rows (decode) a call reads its weights from DRAM (each layer's weights are evicted
 #: by the other layers between tokens), so these buckets are timed at full size over cold copies of
-#: the whole weight, COLD_BYTES of them used in rotation (no slices: a few milliseconds per call).
+#: the whole weight, cold_bytes() of them used in rotation (no slices: a few milliseconds per call).
 #: Timed hot, the AMX groups path and the decode kernel tied at M = 1 on the AMX Xeon (0.628 / 0.631
 #: ms predicted, 4096 x 11008) and the plan took AMX; cold, the decode kernel was 1.3x faster (1.20 /
 #: 1.55 ms). Cold slices predicted no better (the fp32 row kernel 1.33 ms, 2.8 at full size): a
@@ -79,7 +79,40 @@ LARGE_COLUMNS = 1024
 #: cold, three tunings in a row timed decode 3.75-3.87 / panel 5.02-5.09 ms at M = 16 and all
 #: chose the decode kernel up to M = 64 or more.
 COLD_MAX_M = 32
-COLD_BYTES = 256 << 20
+
+
+def cold_bytes() -> int:
+    """Weight bytes a cold measurement rotates through, so that every call reads from DRAM: 3x the
+    last-level caches serving this process's CPUs (Zen 4: one 32 MB L3 -> 96 MB), at least 64 MiB,
+    at most 256 MiB (the Xeon VM reports a 480 MB L3 but streams 256 MiB at its DRAM rate); 256 MiB
+    where the caches cannot be read. Why not 256 MiB everywhere: making the copies was 1.3 s of the
+    demo's 3.3 s cold load on the 2-core Zen 4 VM."""
+    l3 = last_level_cache_bytes()
+    return 256 << 20 if l3 is None else min(256 << 20, max(64 << 20, 3 * l3))
+
+
+def last_level_cache_bytes() -> Optional[int]:
+    """The summed size of the distinct level-3 caches (sysfs) of the CPUs this process may run on;
+    None where sysfs does not list them."""
+    seen: Dict[str, int] = {}
+    try:
+        for cpu in os.sched_getaffinity(0):
+            base = f"/sys/devices/system/cpu/cpu{cpu}/cache"
+            for index in os.listdir(base):
+                path = os.path.join(base, index)
+                if not index.startswith("index") or _read(path, "level") != "3":
+                    continue
+                size = _read(path, "size")
+                scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:], 1)
+                seen[_read(path, "shared_cpu_list")] = int(size.rstrip("KMG")) * scale
+    except (OSError, ValueError, AttributeError):
+        return None
+    return sum(seen.values()) or None
+
+
+def _read(folder: str, name: str) -> str:
+    with open(os.path.join(folder, name)) as f:
+        return f.read().strip()
 # (The dense candidate is timed at full size from LARGE_M rows too: a slice's dequantized block stays
 # in cache, the full weight's goes to DRAM and back. On the AMX Xeon, 4096 x 4096, M = 512, the
 # 1024-column slice predicted dense at 10.1 ms and the AMX path at 12.0; full size they ran 15.6
@@ -180,7 +213,7 @@ NEVER_DROPPED = ("dense",)
 
 
 class _ColdWeights:
-    """Copies of a shape's packed weights (COLD_BYTES of packed weight in all, scales and zeros
+    """Copies of a shape's packed weights (:func:`cold_bytes` of packed weight in all, scales and zeros
     shared), made on first use and handed out in rotation: every call reads a weight evicted since
     its last use, as decode does."""
 
@@ -193,7 +226,7 @@ class _ColdWeights:
         """The copies (once; before a clock starts): only tunes with decode buckets pay for them."""
         if not self.copies:
             qw, *rest = self.make_weights()
-            count = max(2, COLD_BYTES // max(1, qw.nbytes))
+            count = max(2, cold_bytes() // max(1, qw.nbytes))
             # on the pages the model's weights get at load (hugepages.place_streamed_weights)
             self.copies = [(hugepages.copy_on_huge_pages(qw), *rest) for _ in range(count)]
 
@@ -310,9 +343,6 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 #: threads (standalone loop of the kernel, 4096 x 11008-sized panels, interleaved with the probe:
 #: 87-93% of it against 70-76%).
 PREFETCH_CANDIDATES = tuple(DecodePrefetch(d, t) for t in (0, 1) for d in (0, 512, 1024, 2048) if not (t and d == 2048))
-#: Weight bytes the measurement rotates through, so every call reads from DRAM (past the L3s met so
-#: far: 32 MB on Zen 4; the Xeon VM reports 480 MB but streams 256 MiB at its DRAM rate).
-PREFETCH_COLD_BYTES = 256 << 20
 PREFETCH_ROUNDS = 5
 
 
@@ -347,7 +377,7 @@ def tune_decode_prefetch(isa: str, timer: Optional[Callable[[DecodePrefetch], fl
 def _cold_decode_timer(isa: str) -> Callable[[DecodePrefetch], float]:
     op, K, n, G = OPS["int4_mm"], 4096, 2048, 128
     qw, s, z = _random_weights(op, K, n, G)
-    copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, PREFETCH_COLD_BYTES // qw.nbytes))]
+    copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, cold_bytes() // qw.nbytes))]
     kern = native.get_kernel(op.name, torch.bfloat16, isa)
     x = torch.randn(1, K).to(torch.bfloat16)
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
