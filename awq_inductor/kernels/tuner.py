@@ -79,6 +79,22 @@ LARGE_COLUMNS = 1024
 #: cold, three tunings in a row timed decode 3.75-3.87 / panel 5.02-5.09 ms at M = 16 and all
 #: chose the decode kernel up to M = 64 or more.
 COLD_MAX_M = 32
+# (The dense candidate is timed at full size from LARGE_M rows too: a slice's dequantized block stays
+# in cache, the full weight's goes to DRAM and back. On the AMX Xeon, 4096 x 4096, M = 512, the
+# 1024-column slice predicted dense at 10.1 ms and the AMX path at 12.0; full size they ran 15.6
+# and 13.0, and the plan had taken dense.)
+#: Timed again, a bucket's fastest path must agree with its first time within this fraction.
+NOISE = 0.25
+#: A measured plan replaces the constants only if it is this much better in total (summed
+#: time-over-best across the buckets): noise alone never moves a threshold.
+MIN_GAIN = 1.03
+#: A candidate this many times slower than the best at two consecutive buckets from DROP_MIN_M
+#: rows on is dropped (below that, timings of a few microseconds on a shared machine are noise).
+DROP_RATIO = 2.0
+DROP_MIN_M = 32
+# ---------------------------------------------------------------------------------------------
+# Measuring
+Timer = Callable[[str, Plan, int], float]
 
 
 def cold_bytes() -> int:
@@ -113,22 +129,6 @@ def last_level_cache_bytes() -> Optional[int]:
 def _read(folder: str, name: str) -> str:
     with open(os.path.join(folder, name)) as f:
         return f.read().strip()
-# (The dense candidate is timed at full size from LARGE_M rows too: a slice's dequantized block stays
-# in cache, the full weight's goes to DRAM and back. On the AMX Xeon, 4096 x 4096, M = 512, the
-# 1024-column slice predicted dense at 10.1 ms and the AMX path at 12.0; full size they ran 15.6
-# and 13.0, and the plan had taken dense.)
-#: Timed again, a bucket's fastest path must agree with its first time within this fraction.
-NOISE = 0.25
-#: A measured plan replaces the constants only if it is this much better in total (summed
-#: time-over-best across the buckets): noise alone never moves a threshold.
-MIN_GAIN = 1.03
-#: A candidate this many times slower than the best at two consecutive buckets from DROP_MIN_M
-#: rows on is dropped (below that, timings of a few microseconds on a shared machine are noise).
-DROP_RATIO = 2.0
-DROP_MIN_M = 32
-# ---------------------------------------------------------------------------------------------
-# Measuring
-Timer = Callable[[str, Plan, int], float]
 
 
 def _random_weights(op: Op, K: int, out_features: int, G: int):
