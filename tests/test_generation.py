@@ -160,3 +160,27 @@ def test_recompile_limit_is_reported_once_with_its_cause(caplog):
     assert len(ours) == 1, ours
     assert "storm_victim" in ours[0] and "ABANDONED" in ours[0] and "size mismatch" in ours[0], ours[0]
     torch._dynamo.reset()
+
+
+def test_trace_settings_hold_during_the_call_and_are_restored():
+    """The regional model's forward traces with duck shaping off and floats specialised, and gives
+    both settings back afterwards, also when the forward raises."""
+    from awq_inductor.integrations.regional import trace_settings
+
+    shapes, dynamo = torch.fx.experimental._config, torch._dynamo.config
+    before = (shapes.use_duck_shape, dynamo.specialize_float)
+    seen = []
+
+    def forward(fail=False):
+        seen.append((shapes.use_duck_shape, dynamo.specialize_float))
+        if fail:
+            raise RuntimeError("boom")
+        return 7
+
+    run = trace_settings(forward)
+    assert trace_settings(run) is run
+    assert run() == 7
+    with pytest.raises(RuntimeError, match="boom"):
+        run(fail=True)
+    assert seen == [(False, True), (False, True)]
+    assert (shapes.use_duck_shape, dynamo.specialize_float) == before

@@ -122,12 +122,18 @@ def trace_settings(forward: Callable) -> Callable:
       same values (a per-layer value would be a guard failure, named by the recompile alarm)."""
     if getattr(forward, "_awq_trace_settings", False):
         return forward
+    shapes, dynamo = torch.fx.experimental._config, torch._dynamo.config
 
     @functools.wraps(forward)
     def run(*args, **kwargs):
-        with torch.fx.experimental._config.patch(use_duck_shape=False), \
-                torch._dynamo.config.patch(specialize_float=True):
+        # set and restored by hand: the two ``config.patch`` context managers cost 55 us a call (13 us
+        # this way; every decode step passes here, 2 cores, Zen 4)
+        duck, floats = shapes.use_duck_shape, dynamo.specialize_float
+        shapes.use_duck_shape, dynamo.specialize_float = False, True
+        try:
             return forward(*args, **kwargs)
+        finally:
+            shapes.use_duck_shape, dynamo.specialize_float = duck, floats
 
     run._awq_trace_settings = True
     return run
