@@ -28,10 +28,10 @@ def pytest_sessionstart(session):
     """The compiled graphs' precompiled header, built once for the session's cache in a background
     thread (nice 19): the ~170 graph libraries a full run builds take about 2.5 s less each."""
     try:
-        from awq_inductor.inductor import graph_library
+        from awq_inductor.inductor import lowering
     except ImportError:  # a torch whose Inductor moved: the libraries build without it
         return
-    graph_library.start_prefix_header()
+    lowering.start_graph_library_header()
 
 
 @pytest.fixture

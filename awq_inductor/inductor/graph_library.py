@@ -310,22 +310,21 @@ def build_prefix_header() -> str:
     return gch
 
 
-def start_prefix_header() -> None:
+def start_prefix_header(prepare: Callable[[], None] = lambda: None) -> None:
     """Build the precompiled header in a background thread (once per process; nothing where it
-    exists): the test session's start. A failure is said once and the libraries parse the header
-    as before."""
+    exists), after ``prepare`` (the vector-ISA checks its flags depend on: ``lowering`` passes its
+    warm-up). A failure is said once and the libraries parse the header as before."""
     global _prefix_thread
     with _prefix_lock:
         if _prefix_thread is not None:
             return
-        _prefix_thread = background.start("awq-prefix-header", _build_prefix_header_quietly)
+        _prefix_thread = background.start("awq-prefix-header",
+                                          functools.partial(_build_prefix_header_quietly, prepare))
 
 
-def _build_prefix_header_quietly() -> None:
+def _build_prefix_header_quietly(prepare: Callable[[], None] = lambda: None) -> None:
     try:
-        from . import lowering
-
-        lowering.warm_compiler()  # the vector-ISA checks the flags depend on, with our shortcuts
+        prepare()
         if not os.path.exists(prefix_header() + ".gch"):
             with background.build_step():
                 build_prefix_header()

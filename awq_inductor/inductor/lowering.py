@@ -673,16 +673,32 @@ def compile_with_inductor(gm, example_inputs, config_patches: dict):
         return compile_fx(gm, example_inputs, config_patches=config_patches)
 
 
-def build_graph_library_header() -> Optional[str]:
-    """Precompile the graph libraries' header now (:func:`.graph_library.build_prefix_header`;
-    ``python -m awq_inductor tune``); its path, or None where the one-library build is not
-    available (:func:`graph_library_context` says so)."""
+def _graph_library():
+    """:mod:`.graph_library`, or None where this torch's Inductor moved (:func:`graph_library_context`
+    says so)."""
     try:
-        from .graph_library import build_prefix_header
+        from . import graph_library
     except (ImportError, AttributeError):
         return None
-    warm_compiler()  # the vector-ISA checks its flags depend on, with our shortcuts
-    return build_prefix_header()
+    return graph_library
+
+
+def build_graph_library_header() -> Optional[str]:
+    """Precompile the graph libraries' header now (:func:`.graph_library.build_prefix_header`, after
+    the vector-ISA checks its flags depend on, with our shortcuts; ``python -m awq_inductor tune``);
+    its path, or None where the one-library build is not available."""
+    library = _graph_library()
+    if library is None:
+        return None
+    warm_compiler()
+    return library.build_prefix_header()
+
+
+def start_graph_library_header() -> None:
+    """The same in a background thread, a failure said once (the test session's start)."""
+    library = _graph_library()
+    if library is not None:
+        library.start_prefix_header(prepare=warm_compiler)
 
 
 def graph_library_context():
