@@ -124,7 +124,7 @@ def run_shape(K, N, G, ms, dtype, reps, cold, flush):
     if cold and any(m <= DECODE_M for m in ms):
         ours_c, aten_c = bench_decode.build_copies(K, N, G, dtype, COLD_BYTES)
         copies = {"ours": bench_decode.compiled_calls(ours_c), "aten_int4pack": aten_c}
-        decode_warm = bench_decode.rewarm_calls(K, G, dtype, compiled=True)
+        decode_warm = bench_decode.rewarm_calls(K, G, dtype, compiled=True, w4a8=False)
         decode_warm = {"ours": decode_warm["compiled"], "aten_int4pack": decode_warm["aten"]}
     rows = []
     for M in ms:
