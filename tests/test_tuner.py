@@ -364,10 +364,10 @@ def test_unrepeatable_timings_keep_the_constants(tune_dir, monkeypatch):
         tuning_cache.tune_shapes(tuning_cache.parse_shapes("256x128", 64), torch.float32, isa="avx512", show=False)
 
 
-def test_kernel_timer_times_the_call_only_and_scales_one_slice_from_large_m(monkeypatch):
-    """A fake kernel that sleeps 1 us per column: below LARGE_M the two-slice fit and from LARGE_M
-    the one wide slice both predict the full N; making x (slow here) is not in the timed region
-    (torch.randn(2048, 4096) inside it once added ~30 ms per call, x 10 from the scaled slice)."""
+def test_kernel_timer_times_the_full_call_only(monkeypatch):
+    """A fake kernel that sleeps 1 us per column: at decode, mid and large M the timer returns one
+    full-size call; making x (slow here) is not in the timed region (torch.randn(2048, 4096) inside
+    it once added ~30 ms per call)."""
     from awq_inductor.kernels import native
 
     def fake_kernel(x, qweight, scales, zeros, bias, G, n, plan=None):
@@ -380,12 +380,13 @@ def test_kernel_timer_times_the_call_only_and_scales_one_slice_from_large_m(monk
         return real_randn(*a, **k)
 
     monkeypatch.setattr(native, "get_kernel", lambda *a, **k: fake_kernel)
+    monkeypatch.setattr(tuner, "cold_bytes", lambda: 8 << 20)
     monkeypatch.setattr(torch, "randn", slow_randn)
     op = OPS["int4_mm"]
     N = 8192
     timer = tuner.kernel_timer(op, "avx512", torch.bfloat16, 256, N, 128)
     plan = kplan.candidates(op, "avx512", torch.bfloat16)["panel"]
-    for M in (1, tuner.LARGE_M, 1024):
+    for M in (1, 64, 1024):
         t = timer("panel", plan, M)
         assert N * 1e-6 <= t < N * 1e-6 + 0.02, (M, t)
 
@@ -495,10 +496,11 @@ def test_last_level_cache_bytes_reads_this_machine():
     assert (1 << 20) <= got <= (4 << 30), got
 
 
-def test_kernel_timer_reads_cold_weights_at_decode_rows(monkeypatch):
-    """Up to COLD_MAX_M rows every timed call is a full-size call on another copy of the packed
-    weight (cold_bytes() in rotation: read from DRAM, as in decode); from there on column slices (hot)."""
-    from awq_inductor.kernels import native
+def test_kernel_timer_reads_cold_full_weights_at_every_m(monkeypatch):
+    """Every timed call is a full-size call on another copy of the packed weight (cold_bytes() in
+    rotation: read from DRAM, as decode and prefill read each layer), at decode, mid and large M;
+    the dense candidate too (its one untimed first call included)."""
+    from awq_inductor.kernels import dense, native
 
     seen = {}
 
@@ -506,14 +508,14 @@ def test_kernel_timer_reads_cold_weights_at_decode_rows(monkeypatch):
         seen.setdefault(x.shape[0], []).append((qweight.data_ptr(), n))
 
     monkeypatch.setattr(native, "get_kernel", lambda *a, **k: fake_kernel)
+    monkeypatch.setattr(dense, "dense_call", lambda op, x, qweight, *a: fake_kernel(x, qweight, *a))
     monkeypatch.setattr(tuner, "cold_bytes", lambda: 64 << 20)
     op = OPS["int4_mm"]
     timer = tuner.kernel_timer(op, "avx512", torch.bfloat16, 1024, 4096, 128)
-    plan = kplan.candidates(op, "avx512", torch.bfloat16)["decode_bf16"]
-    for M in (1, tuner.COLD_MAX_M, tuner.COLD_MAX_M + 1):
-        timer("decode_bf16", plan, M)
-    for M in (1, tuner.COLD_MAX_M):
+    cands = kplan.candidates(op, "avx512", torch.bfloat16)
+    for M in (1, 32, 64, 512):
+        timer("decode_bf16", cands["decode_bf16"], M)
+    timer("dense", cands["dense"], 2048)
+    for M in (1, 32, 64, 512, 2048):
         ptrs = [p for p, _ in seen[M]]
         assert len(set(ptrs)) == len(ptrs) >= 2 and {n for _, n in seen[M]} == {4096}, M  # a new copy every call
-    big = seen[tuner.COLD_MAX_M + 1]
-    assert len({p for p, _ in big}) == 2 and max(n for _, n in big) < 4096  # the two slices, hot

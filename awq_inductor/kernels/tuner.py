@@ -20,11 +20,9 @@ thresholds to the C++ entry point; the Inductor template renders them into the g
 reuses code generated for the previous plan.
 
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
-select that path for every M), for M in :data:`M_BUCKETS`, on column slices of the weight (full
-K), each the minimum of a few calls; below ``LARGE_M`` rows the full-N time is predicted from a
-per-call part and a per-column part fitted through two slices, from ``LARGE_M`` rows one wider
-slice is scaled to N (:func:`kernel_timer`; the dense candidate gets one untimed
-call per (M, slice) first: oneDNN JIT-compiles its GEMM per shape on the first call). A candidate more than ``DROP_RATIO``
+select that path for every M), for M in :data:`M_BUCKETS`, at full size on cold copies of the weight, each the minimum of a few calls (:func:`kernel_timer`;
+the dense candidate gets one untimed call per M first: oneDNN JIT-compiles its GEMM per shape on the
+first call). A candidate more than ``DROP_RATIO``
 times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
 larger M (the paths' costs grow monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
@@ -51,38 +49,6 @@ from .plan import NEVER, NO_PREFETCH, DecodePrefetch, Plan, candidate_of, candid
 log = logging.getLogger(__name__)
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-#: The wide slice of the two-point fit (kernel_timer), full K: 4 tiles of 64 per thread at 2
-#: threads. The large-M buckets dominate the tuning time, linearly in this.
-TUNE_COLUMNS = 512
-#: The narrow slice of the two-point fit (kernel_timer): one 64-column driver tile per thread at 2
-#: threads (narrower, the driver would K-slice: another regime).
-SMALL_COLUMNS = 128
-#: From LARGE_M rows every path is compute-bound and its per-call part (x conversion or packing)
-#: is small next to the GEMM, so one slice of LARGE_COLUMNS, scaled to N, predicts the call. The
-#: two-point fit multiplies the noise of (wide - narrow) by N / 384 there: on the idle VM it
-#: predicted 55.9 ms for both M = 256 and 512 of one path at 4096 x 4096, and 199 / 224 ms for
-#: M = 1024 / 2048 of another.
-LARGE_M = 128
-LARGE_COLUMNS = 1024
-#: Up to this many rows (decode) a call reads its weights from DRAM (each layer's weights are evicted
-#: by the other layers between tokens), so these buckets are timed at full size over cold copies of
-#: the whole weight, cold_bytes() of them used in rotation (no slices: a few milliseconds per call).
-#: Timed hot, the AMX groups path and the decode kernel tied at M = 1 on the AMX Xeon (0.628 / 0.631
-#: ms predicted, 4096 x 11008) and the plan took AMX; cold, the decode kernel was 1.3x faster (1.20 /
-#: 1.55 ms). Cold slices predicted no better (the fp32 row kernel 1.33 ms, 2.8 at full size): a
-#: 128-column slice is one tile per thread, all prefetch ramp-up.
-#: 32, not 8: batched decode and chunked prefill read each layer's weights once per call as well, and
-#: the two-slice fit mispredicted there: it gave the bf16 panel 4.40 ms and the decode kernel 4.09
-#: at M = 16 (4096 x 11008, Zen 4, 2 threads) and the plan took the panel, which ran 5.9-6.1 ms at
-#: full size against the decode kernel's 4.2-4.8; other processes' fits put the decode kernel at
-#: 3.5 and chose it (three different thresholds in four tunings on one machine). Full size and
-#: cold, three tunings in a row timed decode 3.75-3.87 / panel 5.02-5.09 ms at M = 16 and all
-#: chose the decode kernel up to M = 64 or more.
-COLD_MAX_M = 32
-# (The dense candidate is timed at full size from LARGE_M rows too: a slice's dequantized block stays
-# in cache, the full weight's goes to DRAM and back. On the AMX Xeon, 4096 x 4096, M = 512, the
-# 1024-column slice predicted dense at 10.1 ms and the AMX path at 12.0; full size they ran 15.6
-# and 13.0, and the plan had taken dense.)
 #: Timed again, a bucket's fastest path must agree with its first time within this fraction.
 NOISE = 0.25
 #: A measured plan replaces the constants only if it is this much better in total (summed
@@ -140,67 +106,66 @@ def _random_weights(op: Op, K: int, out_features: int, G: int):
     return op.pack(q, z, s, G, out_features)
 
 
+# Why every bucket is timed at full size (kernel_timer)
+# Every bucket is timed at full size over cold copies of the whole weight (cold_bytes() of them in
+# rotation: each call reads its weights from DRAM, as decode and prefill do, the other layers
+# having evicted them). Column slices, scaled or fitted to N, mispredicted at every M:
+# - decode (M <= 8): timed hot, the AMX groups path and the decode kernel tied at M = 1 on the AMX
+#   Xeon (0.628 / 0.631 ms, 4096 x 11008) and the plan took AMX; cold, the decode kernel was 1.3x
+#   faster (1.20 / 1.55 ms). Cold slices predicted no better (the fp32 row kernel 1.33 ms, 2.8 at
+#   full size): a 128-column slice is one tile per thread, all prefetch ramp-up.
+# - batched decode (M = 16): a two-slice fit gave the bf16 panel 4.40 ms and the decode kernel 4.09
+#   (4096 x 11008, Zen 4, 2 threads) and the plan took the panel, which ran 5.9-6.1 ms at full
+#   size against the decode kernel's 4.2-4.8 (three thresholds in four tunings on one machine).
+# - from M = 128: the fit multiplied the noise of (wide - narrow) by N / 384 (on the idle Zen 4 VM
+#   55.9 ms for both M = 256 and 512 of one path at 4096 x 4096); one 1024-column slice scaled to N
+#   multiplied the per-call part (packing x into AMX tiles: 4 MiB at M = 512, K = 4096) by N / 1024:
+#   on the AMX Xeon it predicted the AMX path at 11.2-12.3 ms for 4096 x 4096, M = 512, against
+#   dense (full size) 10.8-11.8, and the plan took dense, where full size, caches flushed and
+#   interleaved, the AMX path ran 9.99 ms, dense 13.0 and F.linear of the dequantized weight 10.1
+#   (benchmarks/results/amx_large_m_1203.md). The dense candidate was the first timed at full size
+#   (a slice's dequantized block stays in cache, the full weight's goes to DRAM and back).
+# A full-size call costs 0.5-120 ms, and the large-M buckets take one call each (see kernel_timer).
+
+
 def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int) -> Timer:
-    """A timer running the real kernels on column slices of the shape and predicting the seconds of
-    one full call: t(n) = a + b * n fitted through a narrow (``SMALL_COLUMNS``) and a wide
-    (``TUNE_COLUMNS``) slice. The per-call part ``a`` matters: the fp32 paths convert (and page in)
-    an M x K copy of x per call, which a single 256-column slice overweighted 20-40x at N = 11008
-    (the slice picked the bf16 decode kernel for M = 2048, 1.2x slower than the panel path at
-    full size)."""
-    n_full = op.columns(out_features)
-    cpo = op.spec.columns_per_output
-    wide = min(out_features, max(32, TUNE_COLUMNS // cpo))
-    narrow = min(wide, max(32, SMALL_COLUMNS // cpo))
-    large = min(out_features, max(32, LARGE_COLUMNS // cpo))
-    slices = {n: _random_weights(op, K, n, G) for n in {wide, narrow, large}}
+    """A timer running the real kernels at full size, each call on the next of the cold copies of
+    the weight (:class:`_ColdWeights`: read from DRAM, as decode and prefill read each layer's
+    weights), and returning the seconds of one call (why full size: the comment above)."""
     kern = native.get_kernel(op.name, x_dtype, isa)
     xs: Dict[int, torch.Tensor] = {}
     cold = _ColdWeights(lambda: _random_weights(op, K, out_features, G))
 
-    def run(path: str, plan: Plan, M: int, n: int):
-        x = xs[M]
-        weights = list(cold.next() if n == out_features else slices[n])  # packed weight, scales, zeros, ...
+    def run(path: str, plan: Plan, M: int):
+        weights = cold.next()  # packed weight, scales, zeros, ...
         if path == "dense":
-            return dense.dense_call(op, x, *weights, None, G, n)
-        return kern(x, *weights, None, G, n, plan=plan)
+            return dense.dense_call(op, xs[M], *weights, None, G, out_features)
+        return kern(xs[M], *weights, None, G, out_features, plan=plan)
 
     warmed = set()
 
-    def once(path: str, plan: Plan, M: int, n: int) -> float:
+    def timer(path: str, plan: Plan, M: int) -> float:
         # the minimum of a few calls, at least two (a shared machine preempts in quanta of
         # milliseconds); a first call over 40 ms is its own measurement (the large-M buckets
         # dominate the tuning time)
         if M not in xs:  # made before the clock starts (torch.randn of 2048 x 4096 takes ~30 ms)
             xs[M] = torch.randn(M, K).to(x_dtype)
-        if M <= COLD_MAX_M:
-            cold.make()
-        if path == "dense" and (M, n) not in warmed:
+        cold.make()
+        if path == "dense" and M not in warmed:
             # oneDNN creates (JIT-compiles) its GEMM for each new shape on the first call: on the
             # idle Zen 4 VM that first call made dense at K = N = 4096 predict 33.9 ms at M = 128
             # and 129.9 at 512 (40.3 at 1024), while it runs 11-12 and 41
-            warmed.add((M, n))
-            run(path, plan, M, n)
+            warmed.add(M)
+            run(path, plan, M)
         best, spent, k = float("inf"), 0.0, 0
         while k < 10 and (k < 2 or spent < 10e-3):
             t0 = time.perf_counter()
-            run(path, plan, M, n)
+            run(path, plan, M)
             t = time.perf_counter() - t0
             best, spent, k = min(best, t), spent + t, k + 1
             if k == 1 and t > 40e-3:
                 break
         return best
-
-    def timer(path: str, plan: Plan, M: int) -> float:
-        if M <= COLD_MAX_M or (path == "dense" and M >= LARGE_M):
-            return once(path, plan, M, out_features)
-        if M >= LARGE_M:
-            return once(path, plan, M, large) * n_full / (large * cpo)
-        t_wide = once(path, plan, M, wide)
-        if wide == narrow or wide * cpo >= n_full:
-            return t_wide * n_full / (wide * cpo)
-        t_narrow = once(path, plan, M, narrow)
-        per_col = max(t_wide - t_narrow, 0.0) / ((wide - narrow) * cpo)
-        return max(t_narrow - per_col * narrow * cpo, 0.0) + per_col * n_full
 
     return timer
 
@@ -255,9 +220,10 @@ def measure(cands: Dict[str, Plan], timer: Timer, m_buckets: Iterable[int] = M_B
 def noisy_buckets(cands: Dict[str, Plan], times: Dict[str, Dict[int, float]], timer: Timer) -> List[int]:
     """The buckets whose choice does not repeat: the fastest and the second-fastest path, timed
     again, and the first now slower than the second by more than ``NOISE`` (a preempted run on a
-    loaded machine). The times themselves need not repeat: the two-slice prediction of a full call
-    varies by more than 25% between runs on the idle VM (3 of the 4 Llama-7B shapes were flagged
-    by a check of the winner's time alone), while the choice it supports did not change.
+    loaded machine). The times themselves need not repeat: a machine's bandwidth and the
+    two-slice predictions of earlier tuners varied by more than 25% between runs on the idle VM (3
+    of the 4 Llama-7B shapes were flagged by a check of the winner's time alone), while the choice
+    they supported did not change.
     Both new times also lower ``times`` where smaller (the minimum of two interleaved
     measurements of the two paths that decide the bucket)."""
     out = []
