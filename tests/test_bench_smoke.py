@@ -65,6 +65,20 @@ def test_bench_report_smoke(tmp_path):
     assert "tuner (1 shapes): cold" in text and "not repeatable" in text and "| <= 1.05x best |" in text
 
 
+def test_bench_report_cold_mode_smoke(tmp_path):
+    """The default (cold) mode: decode rows on layer copies with re-warmed code, the rest after a
+    flush (the copies' re-warm call once failed at the first decode row, unseen by the hot smoke)."""
+    path = os.path.join(os.path.dirname(BENCH), "bench_report.py")
+    spec = importlib.util.spec_from_file_location("bench_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.COLD_BYTES = 8 << 20
+    rows = mod.main(["--shapes", "smoke", "--m", "1,16", "--reps", "2", "--threads", "1", "--no-tuner-cost",
+                     "--out", str(tmp_path), "--tag", "r"])
+    assert [(r["M"], r["harness"]) for r in rows] == [(1, "copies"), (16, "flush")]
+    assert all(r["ours"] > 0 and r["aten_int4pack"] > 0 and r["dense_bf16"] > 0 for r in rows)
+
+
 def test_bench_decode_smoke(tmp_path):
     path = os.path.join(os.path.dirname(BENCH), "bench_decode.py")
     spec = importlib.util.spec_from_file_location("bench_decode", path)
