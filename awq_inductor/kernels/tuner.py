@@ -20,10 +20,10 @@ thresholds to the C++ entry point; the Inductor template renders them into the g
 reuses code generated for the previous plan.
 
 Measuring (:func:`tune_shape`): every candidate path is forced in turn (a plan whose thresholds
-select that path for every M), for M in :data:`M_BUCKETS`, at full size on cold copies of the weight, each the minimum of a few calls (:func:`kernel_timer`;
-the dense candidate gets one untimed call per M first: oneDNN JIT-compiles its GEMM per shape on the
-first call). A candidate more than ``DROP_RATIO``
-times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
+select that path for every M), for M in :data:`M_BUCKETS`, at full size on cold copies of the
+weight, each the minimum of a few calls (:func:`kernel_timer`; the dense candidate gets one untimed
+call per M first: oneDNN JIT-compiles its GEMM per shape on the first call). A candidate more than
+``DROP_RATIO`` times slower than the best at two consecutive buckets (from ``DROP_MIN_M`` rows) is not timed for
 larger M (the paths' costs grow monotonically in M). The thresholds are then the ones
 that minimise the summed time-over-best across the buckets, given the order in which the C++
 checks them (:func:`path_for`), after each bucket's two fastest paths are timed again (the
