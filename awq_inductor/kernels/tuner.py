@@ -106,10 +106,9 @@ def _random_weights(op: Op, K: int, out_features: int, G: int):
     return op.pack(q, z, s, G, out_features)
 
 
-# Why every bucket is timed at full size (kernel_timer)
-# Every bucket is timed at full size over cold copies of the whole weight (cold_bytes() of them in
-# rotation: each call reads its weights from DRAM, as decode and prefill do, the other layers
-# having evicted them). Column slices, scaled or fitted to N, mispredicted at every M:
+# Why kernel_timer times every bucket at full size over cold copies of the whole weight (cold_bytes()
+# of them in rotation: each call reads its weights from DRAM, as decode and prefill do, the other
+# layers having evicted them): column slices, scaled or fitted to N, mispredicted at every M:
 # - decode (M <= 8): timed hot, the AMX groups path and the decode kernel tied at M = 1 on the AMX
 #   Xeon (0.628 / 0.631 ms, 4096 x 11008) and the plan took AMX; cold, the decode kernel was 1.3x
 #   faster (1.20 / 1.55 ms). Cold slices predicted no better (the fp32 row kernel 1.33 ms, 2.8 at
@@ -125,6 +124,9 @@ def _random_weights(op: Op, K: int, out_features: int, G: int):
 #   interleaved, the AMX path ran 9.99 ms, dense 13.0 and F.linear of the dequantized weight 10.1
 #   (benchmarks/results/amx_large_m_1203.md). The dense candidate was the first timed at full size
 #   (a slice's dequantized block stays in cache, the full weight's goes to DRAM and back).
+# - per-call parts in general: the fp32 paths convert (and page in) an M x K copy of x per call,
+#   which a single 256-column slice overweighted 20-40x at N = 11008 (it picked the bf16 decode
+#   kernel for M = 2048, 1.2x slower than the panel path at full size).
 # A full-size call costs 0.5-120 ms, and the large-M buckets take one call each (see kernel_timer).
 
 
