@@ -9,10 +9,21 @@ import pytest
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "bench_linear.py")
 
 
-def test_bench_linear_smoke(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_linear", BENCH)
+def _load_bench(name):
+    """benchmarks/<name>.py as a module (benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(BENCH), name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def _bench_module(name, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.dirname(BENCH))  # for the benchmarks' imports of each other
+    return _load_bench(name)
+
+
+def test_bench_linear_smoke(tmp_path):
+    mod = _load_bench("bench_linear")
     rows = mod.main(["--smoke", "--out", str(tmp_path), "--threads", "1"])
     assert {r["M"] for r in rows} == {1, 5}
     for r in rows:
@@ -24,10 +35,7 @@ def test_bench_linear_smoke(tmp_path):
 
 
 def test_bench_moe_op_smoke():
-    path = os.path.join(os.path.dirname(BENCH), "bench_moe.py")
-    spec = importlib.util.spec_from_file_location("bench_moe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bench_moe")
     out = mod.main(["--smoke", "--part", "op", "--threads", "1", "--op-threads", "1"])
     assert out["op"]["read_GBps"]["M=1 threads=1"] > 0
     for name in ("int4_moe", "int4_moe_a8"):
@@ -38,10 +46,7 @@ def test_bench_moe_op_smoke():
 
 def test_bench_moe_op_plans_smoke():
     """--plans constants tuned no_next_tile: every plan of the experts' GEMMs timed, interleaved, per op."""
-    path = os.path.join(os.path.dirname(BENCH), "bench_moe.py")
-    spec = importlib.util.spec_from_file_location("bench_moe", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bench_moe")
     out = mod.main(["--smoke", "--part", "op", "--threads", "1", "--op-threads", "1", "--m", "1",
                     "--plans", "constants", "tuned", "no_next_tile"])
     for name in ("int4_moe", "int4_moe_a8"):
@@ -51,10 +56,7 @@ def test_bench_moe_op_plans_smoke():
 
 def test_bench_report_smoke(tmp_path):
     """The report runs, names the kernel per M and checks the 1.05x guarantee column."""
-    path = os.path.join(os.path.dirname(BENCH), "bench_report.py")
-    spec = importlib.util.spec_from_file_location("bench_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bench_report")
     rows = mod.main(["--shapes", "smoke", "--m", "1", "--reps", "2", "--mode", "hot", "--threads", "1",
                      "--out", str(tmp_path), "--tag", "r"])
     (r,) = rows
@@ -68,10 +70,7 @@ def test_bench_report_smoke(tmp_path):
 def test_bench_report_cold_mode_smoke(tmp_path):
     """The default (cold) mode: decode rows on layer copies with re-warmed code, the rest after a
     flush (the copies' re-warm call once failed at the first decode row, unseen by the hot smoke)."""
-    path = os.path.join(os.path.dirname(BENCH), "bench_report.py")
-    spec = importlib.util.spec_from_file_location("bench_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bench_report")
     mod.COLD_BYTES = 8 << 20
     rows = mod.main(["--shapes", "smoke", "--m", "1,16", "--reps", "2", "--threads", "1", "--no-tuner-cost",
                      "--out", str(tmp_path), "--tag", "r"])
@@ -80,10 +79,7 @@ def test_bench_report_cold_mode_smoke(tmp_path):
 
 
 def test_bench_decode_smoke(tmp_path):
-    path = os.path.join(os.path.dirname(BENCH), "bench_decode.py")
-    spec = importlib.util.spec_from_file_location("bench_decode", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bench_decode")
     rows = mod.main(["--smoke", "--out", str(tmp_path), "--threads", "1", "--w4a8"])
     assert [r["M"] for r in rows] == [1, 8]
     for r in rows:
@@ -94,9 +90,7 @@ def test_bench_decode_smoke(tmp_path):
 
 
 def _bw_probe():
-    spec = importlib.util.spec_from_file_location("bw_probe", os.path.join(os.path.dirname(BENCH), "bw_probe.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bw_probe")
     return mod
 
 
@@ -142,11 +136,7 @@ def test_peak_probe_counts_its_operations_and_rejects_bad_kinds(monkeypatch):
 
 def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     """--batch-sizes: the aggregate decode table per method and batch size (tiny shape)."""
-    bench_dir = os.path.dirname(BENCH)
-    monkeypatch.syspath_prepend(bench_dir)
-    spec = importlib.util.spec_from_file_location("bench_e2e", os.path.join(bench_dir, "bench_e2e.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench_module("bench_e2e", monkeypatch)
     out = str(tmp_path / "batched.json")
     res = mod.main(["--layers", "1", "--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2",
                     "--vocab", "256", "--group-size", "32", "--prompt-len", "8", "--new-tokens", "3",
@@ -158,15 +148,6 @@ def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     assert all(set(row) == {1, 2} and min(row.values()) > 0 for row in res.values())
     assert json.load(open(out))["aggregate_decode_tok_s"]["dense"]["2"] > 0
     assert "| dense | " in open(str(tmp_path / "batched.md")).read()
-
-
-def _bench_module(name, monkeypatch):
-    bench_dir = os.path.dirname(BENCH)
-    monkeypatch.syspath_prepend(bench_dir)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(bench_dir, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_llama_bench_rows_are_read_from_its_json(tmp_path, monkeypatch):
@@ -234,10 +215,7 @@ def test_bench_e2e_times_the_peers_in_its_rounds(tmp_path, monkeypatch):
 
 def test_bench_prefetch_smoke():
     """Every prefetch setting of the tuner's candidates and the probe timed, per op."""
-    path = os.path.join(os.path.dirname(BENCH), "bench_prefetch.py")
-    spec = importlib.util.spec_from_file_location("bench_prefetch", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_bench("bench_prefetch")
     rows = mod.main(["--smoke"])
     from awq_inductor.kernels import tuner
 
