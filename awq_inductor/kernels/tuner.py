@@ -152,7 +152,7 @@ def kernel_timer(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: i
         # dominate the tuning time)
         if M not in xs:  # made before the clock starts (torch.randn of 2048 x 4096 takes ~30 ms)
             xs[M] = torch.randn(M, K).to(x_dtype)
-        cold.make()
+        cold.make()  # the copies, once, before the clock
         if path == "dense" and M not in warmed:
             # oneDNN creates (JIT-compiles) its GEMM for each new shape on the first call: on the
             # idle Zen 4 VM that first call made dense at K = N = 4096 predict 33.9 ms at M = 128
