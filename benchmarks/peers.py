@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
+import sys
 import time
 from typing import List, Optional, Tuple
 
@@ -18,15 +20,34 @@ Speeds = Optional[Tuple[float, float]]
 
 
 def llamacpp(gguf_path: str, prompt: List[int], new_tokens: int, threads: int, repeats: int = 5) -> Speeds:
-    """llama.cpp via llama-cpp-python: prefill = ``eval`` of the prompt after a reset, decode = the
-    ``new_tokens - 1`` one-token ``eval`` calls after it; ``repeats`` back-to-back pairs after a
-    warm-up pair, medians (the protocol of our ``bench``)."""
+    """llama.cpp via llama-cpp-python, in a child Python process (:func:`_time_llamacpp`): a crash
+    there costs the row, not the run (on the AMX Xeon, 2026-12-03, its second model in one process
+    died of SIGILL and took the whole benchmark with it)."""
+    request = json.dumps({"gguf": gguf_path, "prompt": list(prompt), "new_tokens": new_tokens, "threads": threads,
+                          "repeats": repeats})
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--llamacpp", request],
+                         capture_output=True, text=True)
+    reply = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
+    if not reply:
+        why = f"signal {signal.Signals(-out.returncode).name}" if out.returncode < 0 else f"exit {out.returncode}"
+        print(f"  llama.cpp row skipped: its process ended with {why}: {out.stderr.strip()[-300:]}", flush=True)
+        return None
+    result = json.loads(reply[0])
+    if "skipped" in result:
+        print(f"  llama.cpp row skipped: {result['skipped']}", flush=True)
+        return None
+    return result["prefill"], result["decode"]
+
+
+def _time_llamacpp(gguf_path: str, prompt: List[int], new_tokens: int, threads: int, repeats: int) -> dict:
+    """In the child: prefill = ``eval`` of the prompt after a reset, decode = the ``new_tokens - 1``
+    one-token ``eval`` calls after it; ``repeats`` back-to-back pairs after a warm-up pair, medians
+    (the protocol of our ``bench``)."""
     try:
         from llama_cpp import Llama
     except ImportError:
-        print("  llama.cpp row skipped: llama-cpp-python is not installed (build it from source: "
-              "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install llama-cpp-python)", flush=True)
-        return None
+        return {"skipped": "llama-cpp-python is not installed (build it from source: "
+                           "CMAKE_ARGS=\"-DGGML_NATIVE=ON\" pip install llama-cpp-python)"}
     llm = Llama(model_path=gguf_path, n_ctx=len(prompt) + new_tokens + 8, n_batch=max(512, len(prompt)),
                 n_ubatch=512, n_threads=threads, n_threads_batch=threads, verbose=False)
     steps = max(new_tokens - 1, 1)
@@ -42,9 +63,8 @@ def llamacpp(gguf_path: str, prompt: List[int], new_tokens: int, threads: int, r
 
     pair()
     pairs = [pair() for _ in range(repeats)]
-    del llm
-    return (len(prompt) / statistics.median(p for p, _ in pairs),
-            steps / statistics.median(d for _, d in pairs))
+    return {"prefill": len(prompt) / statistics.median(p for p, _ in pairs),
+            "decode": steps / statistics.median(d for _, d in pairs)}
 
 
 def _library_path(binary: str) -> str:
@@ -86,3 +106,8 @@ def llama_bench(binary: Optional[str], gguf_path: str, prompt_len: int, new_toke
               flush=True)
         return None
     return parse_llama_bench(out.stdout)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--llamacpp"]:
+    args = json.loads(sys.argv[2])
+    print(json.dumps(_time_llamacpp(args["gguf"], args["prompt"], args["new_tokens"], args["threads"], args["repeats"])))

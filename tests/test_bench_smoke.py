@@ -171,6 +171,26 @@ def test_llama_bench_rows_are_read_from_its_json(tmp_path, monkeypatch):
         peers.parse_llama_bench('[{"n_prompt": 16, "n_gen": 0, "avg_ts": 1.0}]')
 
 
+def test_llamacpp_row_is_timed_in_a_child_that_may_crash(tmp_path, monkeypatch, capsys):
+    """llama.cpp runs in a child process (a stand-in llama_cpp package here): its timings come back,
+    and a child killed by SIGILL (as llama.cpp on the AMX Xeon) costs the row with a line, not the run."""
+    peers = _bench_module("peers", monkeypatch)
+    fake = tmp_path / "llama_cpp"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "import os, signal, time\n"
+        "class Llama:\n"
+        "    def __init__(self, model_path, **kw):\n"
+        "        if 'crash' in model_path: os.kill(os.getpid(), signal.SIGILL)\n"
+        "    def reset(self): pass\n"
+        "    def eval(self, ids): time.sleep(0.001 * len(ids))\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    prefill, decode = peers.llamacpp("/x/m.gguf", list(range(20)), 4, 1, repeats=1)
+    assert 0 < prefill < 1000 and 0 < decode < 1000  # 20 ms per prompt, 1 ms per token, plus Python
+    assert peers.llamacpp("/x/crash.gguf", [1, 2], 3, 1, repeats=1) is None
+    assert "llama.cpp row skipped: its process ended with signal SIGILL" in capsys.readouterr().out
+
+
 def test_gguf_export_writes_every_llama_tensor(tmp_path, monkeypatch):
     gguf = pytest.importorskip("gguf")  # a benchmark-only package
     from awq_inductor import testing
