@@ -118,6 +118,20 @@ def test_libraries_include_the_precompiled_header_and_gcc_takes_it(monkeypatch, 
     assert f"! {gch}" in out.stderr, [l for l in out.stderr.splitlines() if "gch" in l or "awq_prefix" in l]
 
 
+def test_the_header_is_precompiled_with_the_options_of_its_key(monkeypatch):
+    """The .gch under a key is built with the flags that key was made from, even when the options of
+    the moment differ (a test patching the vector ISA while a background thread builds the header)."""
+    header = graph_library.prefix_header()
+    before = graph_library.prefix_header_builder(header, "awq_prefix_check").get_command_line()
+    real = graph_library._library_options
+    monkeypatch.setattr(graph_library, "_library_options",
+                        lambda precompiling, extra_flags=(): real(precompiling, ("-DAWQ_OTHER_FLAGS",)))
+    after = graph_library.prefix_header_builder(header, "awq_prefix_check").get_command_line()
+    assert after == before and "AWQ_OTHER_FLAGS" not in after
+    # a header whose key this process did not make: the options of the moment
+    assert "AWQ_OTHER_FLAGS" in graph_library.prefix_header_builder(header + ".other", "x").get_command_line()
+
+
 def test_a_precompiled_header_that_fails_is_said_once_and_libraries_parse_it(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(graph_library, "_WARNED", set())
     monkeypatch.setattr(graph_library, "prefix_header", lambda: str(tmp_path / "awq_prefix.h"))

@@ -45,7 +45,7 @@ import re
 import shlex
 import subprocess
 import threading
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch._inductor import async_compile as inductor_async, config as iconfig
@@ -266,6 +266,11 @@ def prefix_header() -> str:
     return _prefix_header(native.cache_dir())
 
 
+#: header path -> the build options its key was made from (:func:`build_prefix_header` builds with
+#: these, not with the options of the moment: a ``.gch`` under a key is always what the key says)
+_HEADER_OPTIONS: Dict[str, object] = {}
+
+
 @functools.lru_cache(maxsize=None)
 def _prefix_header(cache_dir: str) -> str:
     options = _library_options(precompiling=True)
@@ -282,7 +287,16 @@ def _prefix_header(cache_dir: str) -> str:
         with open(tmp, "w") as f:
             f.write(f"#include <{PREFIX_HEADER}>\n")
         os.replace(tmp, header)
+    _HEADER_OPTIONS[header] = options
     return header
+
+
+def prefix_header_builder(header: str, name: str):
+    """The ``CppBuilder`` that precompiles ``header`` into ``name``: with the options its key was made
+    from (a vector ISA or flag changed since, e.g. by a test's patch, would otherwise put a ``.gch`` of
+    other flags under that key)."""
+    options = _HEADER_OPTIONS.get(header) or _library_options(precompiling=True)
+    return cpp_builder.CppBuilder(name=name, sources=header, BuildOption=options)
 
 
 def build_prefix_header() -> str:
@@ -300,7 +314,7 @@ def build_prefix_header() -> str:
     with FileLock(header + ".lock", timeout=600):
         if not os.path.exists(gch):
             name = f"{header[:-2]}.{os.getpid()}.tmp"
-            builder = cpp_builder.CppBuilder(name=name, sources=header, BuildOption=_library_options(precompiling=True))
+            builder = prefix_header_builder(header, name)
             out = subprocess.run(shlex.split(builder.get_command_line()), cwd=os.path.dirname(header),
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  preexec_fn=lambda: os.nice(19))
