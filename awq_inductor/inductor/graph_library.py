@@ -45,7 +45,7 @@ import re
 import shlex
 import subprocess
 import threading
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import torch
 from torch._inductor import async_compile as inductor_async, config as iconfig
@@ -263,16 +263,12 @@ def prefix_header() -> str:
     """``<cache dir>/pch/<key>/awq_prefix.h`` (written here if missing): one line including
     :data:`PREFIX_HEADER`. The key covers what makes a ``.gch`` stale: the precompiling command
     line (flags, ISA), the compiler's version, this torch and its header file."""
-    return _prefix_header(native.cache_dir())
-
-
-#: header path -> the build options its key was made from (:func:`build_prefix_header` builds with
-#: these, not with the options of the moment: a ``.gch`` under a key is always what the key says)
-_HEADER_OPTIONS: Dict[str, object] = {}
+    return _prefix_header(native.cache_dir())[0]
 
 
 @functools.lru_cache(maxsize=None)
-def _prefix_header(cache_dir: str) -> str:
+def _prefix_header(cache_dir: str) -> tuple:
+    """(header path, the build options its key was made from)."""
     options = _library_options(precompiling=True)
     command = cpp_builder.CppBuilder(name="awq_prefix", sources="awq_prefix.h", BuildOption=options).get_command_line()
     source = os.path.join(os.path.dirname(torch.__file__), "include", PREFIX_HEADER)
@@ -287,15 +283,16 @@ def _prefix_header(cache_dir: str) -> str:
         with open(tmp, "w") as f:
             f.write(f"#include <{PREFIX_HEADER}>\n")
         os.replace(tmp, header)
-    _HEADER_OPTIONS[header] = options
-    return header
+    return header, options
 
 
 def prefix_header_builder(header: str, name: str):
     """The ``CppBuilder`` that precompiles ``header`` into ``name``: with the options its key was made
     from (a vector ISA or flag changed since, e.g. by a test's patch, would otherwise put a ``.gch`` of
     other flags under that key)."""
-    options = _HEADER_OPTIONS.get(header) or _library_options(precompiling=True)
+    made, options = _prefix_header(native.cache_dir())
+    if made != header:
+        options = _library_options(precompiling=True)
     return cpp_builder.CppBuilder(name=name, sources=header, BuildOption=options)
 
 

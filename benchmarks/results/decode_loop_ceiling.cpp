@@ -2,7 +2,6 @@
 // micro::avx512_bf16<1, 2> (two panels, k-pair parity accumulators) over L1-resident weights, against
 // the same loop with only the vdpbf16ps and the loads (v2), a byte-unpack variant (v1) and the W4A8
 // vpdpbusd loop (v3). Build and run: g++ -O2 -march=sapphirerapids decode_loop_ceiling.cpp && ./a.out
-// ("chain" is a dependent-add loop, not a reliable clock on a VM).
 #include <immintrin.h>
 #include <cstdio>
 #include <cstdint>
@@ -10,8 +9,6 @@
 #include <cstring>
 #include <vector>
 static double now(){return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();}
-// chain of dependent adds to estimate freq
-__attribute__((noinline)) long chain(long n){ long a=0; for(long i=0;i<n;i++){ asm volatile("add $1, %0" : "+r"(a)); } return a;}
 // V0: current kernel inner loop, BM=1 NP=2, U=2
 __attribute__((noinline)) void v0(const uint16_t* x, const uint8_t* qw, int64_t pstride, int64_t kp1, float* out){
   const __m512i mask4=_mm512_set1_epi16(0xF), bias=_mm512_set1_epi16(0x4300);
@@ -69,7 +66,6 @@ __attribute__((noinline)) void v3(const uint16_t* x, const uint8_t* qw, int64_t 
 }
 int main(){
   const int64_t K=4096, kp1=K/2, pstride=kp1*32; std::vector<uint8_t> qw(2*pstride, 0x37); std::vector<uint16_t> x(K,0x3f80); float out[16];
-  double t=now(); long n=1000000000; chain(n); double dt=now()-t; printf("chain: %.2f GHz\n", n/dt/1e9);
   auto run=[&](const char* nm, void(*f)(const uint16_t*,const uint8_t*,int64_t,int64_t,float*)){
     for(int i=0;i<200;i++) f(x.data(),qw.data(),pstride,kp1,out);
     int R=20000; double t=now(); for(int i=0;i<R;i++) f(x.data(),qw.data(),pstride,kp1,out); double dt=(now()-t)/R;

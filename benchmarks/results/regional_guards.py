@@ -10,12 +10,13 @@ guards) | tensors_only (``keep_tensor_guards_unsafe``) | all (every guard droppe
 median over 8 pairs of (generate 66 tokens - generate 2 tokens) / 64, and the last 4 tokens (a fixed
 prompt: a filter that lets a wrong graph run changes them). A measurement, not a setting of the
 package: see regional_depth_xeon_1203.md."""
-import json, os, sys, time, statistics
+import json, sys, time, statistics
 import torch, transformers
 import torch.compiler as tc
 mode, L = sys.argv[1], int(sys.argv[2])
 torch.set_num_threads(2)
-from awq_inductor import testing, compile_for_generate, patch_transformers
+from awq_inductor import compile_for_generate
+from regional_depth import load_tiny  # the same checkpoint (this directory is sys.path[0])
 
 
 def _nn(e):
@@ -35,12 +36,7 @@ FILTERS = {
     "tensors_only": tc.keep_tensor_guards_unsafe,
     "all": lambda es: [False] * len(es),
 }
-ckpt = f"/tmp/exp/tiny_L{L}"
-if not os.path.exists(ckpt):
-    cfg = testing.tiny_config("llama", hidden_size=256, intermediate_size=768, num_hidden_layers=L, max_position_embeddings=2048)
-    testing.save_quantized(testing.build_float_model(cfg), ckpt, format="gemm", group_size=64)
-patch_transformers()
-model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).eval()
+model = load_tiny(L)
 compile_for_generate(model, regional=True, **({} if FILTERS[mode] is None else {"options": {"guard_filter_fn": FILTERS[mode]}}))
 ids = torch.randint(3, 200, (1, 16), generator=torch.Generator().manual_seed(0))
 
