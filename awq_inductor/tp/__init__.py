@@ -32,7 +32,7 @@ gpt-fast style, on every rank of ``group`` (all ranks must hold the same full mo
   The router (and Qwen2-MoE's shared-expert gate) is replicated, so every rank routes alike and
   reads 1/W of each selected expert; a shared expert is a gated MLP, split as above.
 - a dense ``lm_head`` is split over the vocabulary (:class:`VocabParallelLMHead`: local rows, then
-  ``all_gather_tensor`` of the logits along the last dim), so each rank reads 1/W of it per token
+  ``all_gather_single`` of the logits along the last dim), so each rank reads 1/W of it per token
   (``vocab_parallel=False`` replicates it); embedding and norms are replicated.
 
 Weights are split in the canonical form (q uint8 [N, K], zeros / scales [N, K/G]) and packed again

@@ -105,7 +105,7 @@ class VocabParallelLMHead(nn.Module):
             if self.group is None:
                 raise RuntimeError("VocabParallelLMHead: sharded with an explicit rank / world_size and no "
                                    "process group, so there is nothing to gather over")
-            y = funcol.all_gather_tensor(y.contiguous(), gather_dim=y.dim() - 1, group=self.group)
+            y = funcol.all_gather_single(y.contiguous(), y.dim() - 1, self.group)
         if y.shape[-1] != self.vocab_size:
             y = y[..., :self.vocab_size]
         return y
