@@ -4,17 +4,12 @@ error. Used for amx_blocking_1204.md, where the variants were template edits tim
 
     python benchmarks/results/amx_blocking_1204.py 4096x4096,11008x4096 128,512
 """
-import sys, time, statistics, torch, torch.nn.functional as F
-import awq_inductor
+import os, sys, time, statistics, torch, torch.nn.functional as F
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_linear import make_layer  # noqa: E402
 from awq_inductor import AWQLinear, config
 torch.set_num_threads(2)
 config.kernel_plan = dict(amx_min_m=0, panel_min_m=1 << 40, bf16_f32_min_m=1 << 40)
-def make_layer(K, N, G, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = (torch.rand(N, K // G, generator=g) * 0.01 + 0.001).to(torch.float16)
-    return q, z, s
 shapes = [tuple(int(v) for v in a.split("x")) for a in sys.argv[1].split(",")]
 Ms = [int(m) for m in sys.argv[2].split(",")]
 for K, N in shapes:
