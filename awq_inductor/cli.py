@@ -398,24 +398,8 @@ def main(argv=None) -> int:
     results = _run_methods(args, model, path, tokenizer, ids, dtype)
     _report_agreement(results, args.new_tokens, args.dtype, tokenizer is not None)
     if tp_info:
-        _tp.shutdown()
-        _end_launched_rank()
+        _tp.exit_rank()
     return 0
-
-
-def _end_launched_rank() -> None:
-    """End a rank torchrun launched without finalizing the interpreter. The 2-rank demo aborted at
-    exit in 4 of 37 runs on the AMX Xeon ("terminate called without an active exception", rank 0 or
-    1, after tp.shutdown()): the std::terminate backtrace is ProcessGroupGloo::runLoop releasing a
-    finished work's tensor, whose Python object needs the GIL, while the main thread finalizes the
-    interpreter (the group outlives destroy_process_group: the model's layers hold it). Nothing is
-    left to run by then, so the rank flushes its output and exits at once; a --tp 1 run in this
-    process without torchrun returns normally."""
-    if "TORCHELASTIC_RUN_ID" not in os.environ and "LOCAL_WORLD_SIZE" not in os.environ:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -163,7 +163,7 @@ def main(argv=None):
     ar_prefill = allreduce_ms(a.prompt_len, a.hidden, 30)
     ag_decode = 0.0 if a.replicated_head else allgather_ms(-(-a.vocab // world), 200)
     if rank != 0:
-        tp.shutdown()
+        tp.exit_rank()
         return 0
 
     table = {}
@@ -201,7 +201,7 @@ def main(argv=None):
     with open(a.out, "w") as f:
         json.dump({"args": vars(a), "cores": {"tp1": both, "tp2_rank0": mine}, "table": table, "all_reduce": ar,
                    "raw": res}, f, indent=1)
-    tp.shutdown()
+    tp.exit_rank()
     return 0
 
 

@@ -287,6 +287,23 @@ def test_shard_needs_converted_model_and_process_group():
             tp.shard(model)
 
 
+def test_exit_rank_returns_unless_torchrun_launched_the_process():
+    """Without torchrun's environment exit_rank() only shuts the group down and returns; in a rank
+    torchrun launched it ends the process at once with the code given, after flushing output."""
+    code = ("import sys, torch.distributed as dist\n"
+            "from awq_inductor import tp\n"
+            "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+            "tp.exit_rank(3)\n"
+            "print('returned', dist.is_initialized())\n"
+            "sys.exit(0)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "returned False" in r.stdout, (r.returncode, r.stdout, r.stderr[-2000:])
+    r = subprocess.run([sys.executable, "-c", code.replace("tp.exit_rank(3)", "print('before'); tp.exit_rank(3)")],
+                       env=dict(env, LOCAL_WORLD_SIZE="1"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3 and "before" in r.stdout and "returned" not in r.stdout, (r.returncode, r.stdout)
+
+
 def test_rank_cores():
     # NUMA layout that divides: whole nodes per rank
     nodes = [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -153,7 +153,7 @@ def main(argv=None):
         res[name] = run_case(case, mark)
     res["epilogue"] = epilogue_before_all_reduce()
     torch.save(res, os.path.join(a.out, f"rank{rank}.pt"))
-    tp.shutdown()
+    tp.exit_rank()
     return 0
 
 

@@ -50,10 +50,10 @@ form (see :func:`_read_int4`). ``shard`` remains for a model that is already loa
 """
 from __future__ import annotations
 
-from .launch import env_rank, init_from_env, numa_nodes, parse_cpulist, pin_rank, rank_cores, shutdown
+from .launch import env_rank, exit_rank, init_from_env, numa_nodes, parse_cpulist, pin_rank, rank_cores, shutdown
 from .layers import ParallelMoEExperts, RowParallelLinear, TPError, VocabParallelLMHead
 from .loading import is_moe, load
 from .sharding import shard
 
-__all__ = ["ParallelMoEExperts", "RowParallelLinear", "TPError", "VocabParallelLMHead", "env_rank", "init_from_env", "shutdown",
-           "is_moe", "load", "numa_nodes", "parse_cpulist", "pin_rank", "rank_cores", "shard"]
+__all__ = ["ParallelMoEExperts", "RowParallelLinear", "TPError", "VocabParallelLMHead", "env_rank", "exit_rank",
+           "init_from_env", "shutdown", "is_moe", "load", "numa_nodes", "parse_cpulist", "pin_rank", "rank_cores", "shard"]
