@@ -33,7 +33,9 @@ def _check(out, ref):
     assert (out.float() - ref.float()).abs().max().item() <= 2e-2 * scale
 
 
-@pytest.mark.parametrize("M,K,N,G", [(17, 256, 72, 128), (33, 80, 40, 40), (300, 128, 48, 32)])
+# (600, 1024, 200, 128): two M blocks run M block outer over four N tiles (w4a16 amx_blocking), the
+# last tile partial
+@pytest.mark.parametrize("M,K,N,G", [(17, 256, 72, 128), (33, 80, 40, 40), (300, 128, 48, 32), (600, 1024, 200, 128)])
 def test_inductor_amx_emulated_static(M, K, N, G):
     args = _weights(N, K, G, seed=M)
     x = torch.randn(M, K).to(torch.bfloat16)
