@@ -118,6 +118,16 @@ def test_autoround_v1_clamped_zero_decodes_as_one():
     assert int(clamped.sum()) == 4 and bool((z[clamped] == 1).all())
 
 
+@pytest.mark.parametrize("fmt", ["autoround", "autoround_gptq", "gemm"])
+def test_act_order_checkpoint_needs_a_format_with_g_idx(fmt):
+    # the test-checkpoint writer names the format instead of failing inside the packer (KeyError 'g_idx')
+    from awq_inductor import testing
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    with pytest.raises(ValueError, match=f"act_order: .*format '{fmt}' \\(no g_idx\\)"):
+        testing.quantize_to_state_dict(model, quant_method=F.get(fmt).quant_method, format=fmt, act_order="per_layer")
+
+
 def test_act_order_perm_refuses_unbalanced_groups():
     g = torch.zeros(64, dtype=torch.int32)
     with pytest.raises(ValueError, match="exactly 32 times"):
