@@ -58,7 +58,8 @@ DEFAULT_EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 NUM_EXPERTS_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 
 #: Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): low-rank q / kv projections. Plain
-#: nn.Linear (int4 like any other), but not split by tensor parallelism.
+#: nn.Linear (int4 like any other); tensor parallelism splits the per-head ones (q_b_proj,
+#: kv_b_proj) and keeps the low-rank input projections whole (tp/sharding.py _plan_mla).
 MLA_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 
 

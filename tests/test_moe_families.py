@@ -262,17 +262,16 @@ def test_structural_test_on_transformers_classes():
 
 # ---------------------------------------------------------------------------------------------
 # Tensor parallelism (GLM-4-MoE on 2 real ranks: tests/test_tp.py)
-@pytest.mark.parametrize("arch,match", [
-    ("deepseek_v3", r"model\.layers\.0\.self_attn: multi-head latent attention \(q_a_proj, q_b_proj, "
-                    r"kv_a_proj_with_mqa, kv_b_proj\) is not supported by tensor parallelism"),
-    ("olmoe", r"model\.layers\.0\.self_attn\.q_norm: normalises the whole projection \(128 features, not one "
-              r"head of 32\)"),
-], ids=["deepseek_mla", "olmoe_qk_norm"])
-def test_tensor_parallel_refuses_attention_it_cannot_split(tmp_path, arch, match):
+def test_tensor_parallel_refuses_attention_it_cannot_split(tmp_path):
+    """A norm over the whole q projection that is not an RMSNorm (a LayerNorm here) cannot be split by
+    all-reducing the mean of squares: refused by name (OLMoE's RMSNorms are split: tests/test_tp.py)."""
     from awq_inductor import tp
 
-    path, _ = _make(tmp_path, arch)
+    path, _ = _make(tmp_path, "olmoe")
     model = _load(path)
+    model.model.layers[0].self_attn.q_norm = torch.nn.LayerNorm(128)
+    match = (r"model\.layers\.0\.self_attn\.q_norm: normalises the whole projection \(128 features, not one head "
+             r"of 32\); expected an RMSNorm .* over 128 features to split over heads, got LayerNorm")
     with pytest.raises(tp.TPError, match=match):
         tp.shard(model, rank=0, world_size=2)
     assert getattr(model, "_awq_tp", None) is None
@@ -289,6 +288,46 @@ def test_tensor_parallel_glm_shard_builds(tmp_path):
     assert (info["attention_layers"], info["moe_layers"], info["mlp_layers"]) == (3, 2, 3)
     assert isinstance(model.model.layers[1].mlp.experts, tp.ParallelMoEExperts)
     assert model.model.layers[1].mlp.experts.local.intermediate_size == 32
+
+
+def test_tensor_parallel_olmoe_qk_norm_split(tmp_path):
+    """rank 1 of 2: OLMoE's q_norm / k_norm over all heads become ParallelRMSNorm on the rank's heads (its
+    weight slice, the full width for the mean), and equal the whole norm on one rank's share of the math."""
+    from awq_inductor import tp
+
+    path, _ = _make(tmp_path, "olmoe")
+    model = _load(path)
+    attn = model.model.layers[0].self_attn
+    q_norm = attn.q_norm
+    tp.shard(model, rank=1, world_size=2)
+    par = attn.q_norm
+    assert isinstance(par, tp.ParallelRMSNorm) and par.features == 128
+    assert torch.equal(par.weight, q_norm.weight.detach()[64:])
+    x = torch.randn(5, 128)
+    one = tp.ParallelRMSNorm(q_norm.weight.detach(), par.variance_epsilon, 128, None, 1)
+    torch.testing.assert_close(one(x), q_norm(x), rtol=1e-6, atol=1e-6)
+
+
+def test_tensor_parallel_deepseek_mla_shard_builds(tmp_path):
+    """rank 1 of 2: MLA split over heads (q_b_proj / kv_b_proj rows of the rank's heads, o_proj's K slice),
+    the fused low-rank q_kv_a_proj and its norms whole; numerics on 2 real ranks: tests/test_tp.py."""
+    from awq_inductor import tp
+
+    path, _ = _make(tmp_path, "deepseek_v3")
+    model = _load(path)
+    attn = model.model.layers[1].self_attn
+    q_b, kv_b, q_kv_a = attn.q_b_proj.canonical(), attn.kv_b_proj.canonical(), attn.q_kv_a_proj
+    o = attn.o_proj.canonical()
+    tp.shard(model, rank=1, world_size=2)
+    info = model._awq_tp
+    assert (info["attention_layers"], info["moe_layers"], info["mlp_layers"]) == (3, 2, 3)
+    assert model.config.num_attention_heads == 2
+    assert attn.q_kv_a_proj is q_kv_a  # replicated, untouched
+    hq, qk, kvd, v = 2, attn.qk_head_dim, attn.qk_nope_head_dim + attn.v_head_dim, attn.v_head_dim
+    assert torch.equal(attn.q_b_proj.canonical()[0], q_b[0][hq * qk:2 * hq * qk])
+    assert torch.equal(attn.kv_b_proj.canonical()[0], kv_b[0][hq * kvd:2 * hq * kvd])
+    assert isinstance(attn.o_proj, tp.RowParallelLinear)
+    assert torch.equal(attn.o_proj.linear.canonical()[0], o[0][:, hq * v:2 * hq * v])
 
 
 def test_kimi_k2_expert_counts_and_group_size():

@@ -24,17 +24,21 @@ from awq_inductor.nn.head import Bf16HeadLinear  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(__file__), "tp_worker.py")
 # Llama: GQA 4/2 heads; Qwen2: q/k/v bias; Qwen3-MoE: 8 experts; GLM-4-MoE: q/k/v bias, a dense first layer,
-# 16 experts and a shared expert per MoE layer (recognised by structure)
-ARCHS = ("llama", "qwen2", "qwen3_moe", "glm4_moe")
-#: all_reduce beyond 2 per decoder layer, per MoE layer: GLM-4-MoE's shared expert (its own row-parallel down_proj)
-EXTRA_ALL_REDUCE_PER_MOE_LAYER = {"glm4_moe": 1}
+# 16 experts and a shared expert per MoE layer (recognised by structure); DeepSeek-V3: multi-head latent
+# attention split over heads (q_b_proj, kv_b_proj, o_proj; the fused low-rank q_kv_a_proj whole on every rank),
+# grouped routing, a dense first layer and a shared expert; OLMoE: q/k norms over the whole projection
+# (ParallelRMSNorm: the mean of squares all-reduced), every layer sparse
+ARCHS = ("llama", "qwen2", "qwen3_moe", "glm4_moe", "deepseek_v3", "olmoe")
+#: all_reduce beyond 2 per decoder layer, per MoE layer: the shared expert (its own row-parallel down_proj),
+#: OLMoE's q_norm and k_norm (one small all_reduce each)
+EXTRA_ALL_REDUCE_PER_MOE_LAYER = {"glm4_moe": 1, "deepseek_v3": 1, "olmoe": 2}
 #: how each architecture is compiled on the ranks: Llama whole (plain torch.compile(model.forward), the
 #: vocab-parallel lm_head's all_gather inside the graph), the others as the CLI compiles them (one decoder
 #: layer per kind; also 2-3x less compile work than whole models of these depths)
 COMPILE_MODE = {"llama": "whole"}
 #: W4A8 shard vs unsharded W4A8 (relative norm): row-parallel inputs are quantized per token per rank;
 #: GLM-4-MoE's 3 layers, each with 2-3 row-parallel projections, measured 0.034
-W4A8_TOL = {"glm4_moe": 0.05}
+W4A8_TOL = {"glm4_moe": 0.05, "deepseek_v3": 0.05, "olmoe": 0.05}
 DENSE_ARCHS = ARCHS[:2]  # tp.load (the per-rank loader) reads dense models only
 LOADER_CASES = (("llama", "gptq", "gptq"), ("qwen2", "awq", "gemv"),  # tp.load only, besides the gemm cases
                 ("llama", "compressed-tensors", "compressed_tensors_asym"))

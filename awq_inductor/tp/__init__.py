@@ -19,7 +19,13 @@ gpt-fast style, on every rank of ``group`` (all ranks must hold the same full mo
   same head boundaries, which must fall on group boundaries (``(Hq/W)*d % G == 0``).
   ``model.config.num_attention_heads`` / ``num_key_value_heads`` become the per-rank counts
   (``head_dim`` is written explicitly first), so caches built from the config are per rank; the
-  attention forward itself views with ``-1`` heads.
+  attention forward itself views with ``-1`` heads. q/k norms over the whole projection (OLMoE's
+  one RMSNorm over all heads) become :class:`ParallelRMSNorm` on the rank's heads: the mean of
+  squares from a small all-reduce ([tokens, 1]) of the ranks' sums; per-head norms stay whole.
+- **multi-head latent attention** (DeepSeek-V2/V3, Kimi-K2): ``q_b_proj`` (or ``q_proj``) and
+  ``kv_b_proj`` are column-parallel by heads, ``o_proj`` row-parallel; the low-rank input
+  projections (the fused ``q_kv_a_proj``), their norms and the compressed latent cache (one head,
+  expanded through ``kv_b_proj`` per call) stay whole on every rank.
 - **gated MLP**: gate|up is column-parallel, both halves split alike (rank r keeps gate and up rows
   ``[r*I/W, (r+1)*I/W)``, split in the canonical [gate ; up] order and interleaved per rank for
   :class:`~awq_inductor.nn.AWQGateUpSiluMul`); ``down_proj`` is row-parallel over K = I.
@@ -51,9 +57,9 @@ form (see :func:`_read_int4`). ``shard`` remains for a model that is already loa
 from __future__ import annotations
 
 from .launch import env_rank, exit_rank, init_from_env, numa_nodes, parse_cpulist, pin_rank, rank_cores, shutdown
-from .layers import ParallelMoEExperts, RowParallelLinear, TPError, VocabParallelLMHead
+from .layers import ParallelMoEExperts, ParallelRMSNorm, RowParallelLinear, TPError, VocabParallelLMHead
 from .loading import is_moe, load
 from .sharding import shard
 
-__all__ = ["ParallelMoEExperts", "RowParallelLinear", "TPError", "VocabParallelLMHead", "env_rank", "exit_rank",
+__all__ = ["ParallelMoEExperts", "ParallelRMSNorm", "RowParallelLinear", "TPError", "VocabParallelLMHead", "env_rank", "exit_rank",
            "init_from_env", "shutdown", "is_moe", "load", "numa_nodes", "parse_cpulist", "pin_rank", "rank_cores", "shard"]

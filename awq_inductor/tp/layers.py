@@ -47,6 +47,32 @@ class RowParallelLinear(nn.Module):
         return f"world_size={self.world_size}, bias={self.bias is not None} (after all_reduce)"
 
 
+class ParallelRMSNorm(nn.Module):
+    """An RMSNorm over a whole projection whose features are split over the ranks (OLMoE's
+    ``q_norm`` / ``k_norm`` over all heads): the mean of squares from an all-reduce of each rank's
+    sum over its own features, then the norm's own math on them (fp32, its eps, the rank's slice of
+    its weight: ``weight * (x * rsqrt(mean + eps)).to(dtype)``, as transformers' RMSNorm). One small
+    all-reduce ([tokens, 1]) per norm and call."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, features: int, group, world_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)
+        self.variance_epsilon = float(eps)
+        self.features = int(features)  # the whole projection's width (all ranks)
+        self.group = group
+        self.world_size = world_size
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        h = hidden_states.to(torch.float32)
+        squares = _all_reduce(h.pow(2).sum(-1, keepdim=True), self.group, self.world_size, "ParallelRMSNorm")
+        h = h * torch.rsqrt(squares / self.features + self.variance_epsilon)
+        return self.weight * h.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)} of {self.features}, eps={self.variance_epsilon}, world_size={self.world_size}"
+
+
 def _all_reduce(y: torch.Tensor, group, world_size: int, who: str) -> torch.Tensor:
     """``all_reduce(y, "sum")`` over ``group`` as a graph op (no graph break under torch.compile)."""
     if world_size == 1:

@@ -13,7 +13,7 @@ from ..kernels import hugepages
 from ..nn import AWQGateUpSiluMul, AWQLinear, AWQMoEExperts
 from ..nn.head import Bf16HeadLinear
 from ..transform.model_pass import OutputSlice, tune_model
-from .layers import ParallelMoEExperts, RowParallelLinear, TPError, VocabParallelLMHead
+from .layers import ParallelMoEExperts, ParallelRMSNorm, RowParallelLinear, TPError, VocabParallelLMHead
 
 #: dense heads (convert's default lm_head="bf16" switches a bf16 nn.Linear to Bf16HeadLinear in place)
 DENSE_HEADS = (nn.Linear, Bf16HeadLinear)
@@ -114,22 +114,71 @@ def _need(name: str, mod, cls, what: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def _check_mla(name: str, mod: nn.Module) -> None:
-    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) is not split: refuse it by name."""
-    mla = [p for p in MLA_PROJECTIONS if p in mod._modules]
-    if mla:
-        raise TPError(f"{name}: multi-head latent attention ({', '.join(mla)}) is not supported by tensor "
-                      f"parallelism: its low-rank q / kv projections and their norms are not split over heads; "
-                      f"run this model unsharded")
+def _is_mla(mod: nn.Module) -> bool:
+    return any(p in mod._modules for p in MLA_PROJECTIONS)
 
 
-def _check_qk_norm(name: str, attn: nn.Module, d: int) -> None:
-    """q_norm / k_norm over the whole projection (OLMoE) would need every rank's heads: refuse it."""
-    for n in ("q_norm", "k_norm"):
-        w = getattr(attn._modules.get(n), "weight", None)
-        if isinstance(w, torch.Tensor) and w.numel() != d:
-            raise TPError(f"{name}.{n}: normalises the whole projection ({w.numel()} features, not one head of "
-                          f"{d}), so it cannot be split over heads for tensor parallelism")
+def _plan_mla(name: str, attn: nn.Module, hq_all: int, rank: int, world: int, group) -> Tuple[Plan, List[nn.Module]]:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) split over heads: q_b_proj (or q_proj
+    without a q LoRA) and kv_b_proj column-parallel (each rank's heads: qk_head_dim, and
+    qk_nope_head_dim + v_head_dim rows per head), o_proj row-parallel; the low-rank input projections
+    (q_a_proj, kv_a_proj_with_mqa, fused or not), their norms and the latent cache stay whole on every
+    rank (transformers caches the compressed latents, one head, and expands them through kv_b_proj per
+    call). Returns (plan, the replicated int4 modules)."""
+    mods = attn._modules
+    dims = {k: getattr(attn, k, None) for k in ("qk_head_dim", "qk_nope_head_dim", "v_head_dim")}
+    if not all(isinstance(v, int) for v in dims.values()):
+        raise TPError(f"{name}: expected multi-head latent attention with int {', '.join(dims)}, got {dims}")
+    if hq_all % world:
+        raise TPError(f"{name}: attention heads must divide over the {world} ranks: num_attention_heads={hq_all}")
+    hq = hq_all // world
+    q_name = "q_b_proj" if mods.get("q_b_proj") is not None else "q_proj"
+    per_head = {q_name: dims["qk_head_dim"], "kv_b_proj": dims["qk_nope_head_dim"] + dims["v_head_dim"]}
+    plan: Plan = []
+    for p, d in per_head.items():
+        lin = _need(f"{name}.{p}", mods.get(p), AWQLinear, p)
+        if lin.out_features != hq_all * d:
+            raise TPError(f"{name}.{p}: expected out_features {hq_all * d} ({hq_all} heads x {d}), "
+                          f"got {lin.out_features}")
+        plan.append((attn, p, _column_linear(f"{name}.{p}", lin, [(rank * hq * d, (rank + 1) * hq * d)])))
+    o, v = _need(f"{name}.o_proj", mods.get("o_proj"), AWQLinear, "o_proj"), dims["v_head_dim"]
+    if o.in_features != hq_all * v:
+        raise TPError(f"{name}.o_proj: expected in_features {hq_all * v}, got {o.in_features}")
+    _check_k_split(f"{name}.o_proj", hq * v, o.group_size, f"{hq} heads x {v}")
+    plan.append((attn, "o_proj", _row_linear(f"{name}.o_proj", o, rank * hq * v, (rank + 1) * hq * v, group, world)))
+    replicated = [m for p, m in mods.items() if p not in per_head and p != "o_proj" and isinstance(m, AWQLinear)]
+    return plan, replicated
+
+
+def _computes_rms_norm(norm: nn.Module, weight: torch.Tensor, eps: float) -> bool:
+    """Whether ``norm`` computes what :class:`ParallelRMSNorm` does on one rank (checked on a random
+    input, not by class name)."""
+    x = torch.randn(3, weight.numel(), generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    with torch.no_grad():
+        want = ParallelRMSNorm(weight, eps, weight.numel(), None, 1)(x)
+        got = norm(x)
+    return got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _plan_qk_norm(name: str, attn: nn.Module, d: int, local: dict, rank: int, world: int, group) -> Plan:
+    """q_norm / k_norm over the whole projection (OLMoE: one RMSNorm over all heads, not per head) as a
+    :class:`ParallelRMSNorm` on the rank's heads (per-head norms, Qwen3's, stay whole: every rank
+    applies them alike)."""
+    plan: Plan = []
+    for n, proj in (("q_norm", "q_proj"), ("k_norm", "k_proj")):
+        norm = attn._modules.get(n)
+        w = getattr(norm, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.numel() == d:
+            continue
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        width = local[proj] * world
+        if w.dim() != 1 or w.numel() != width or not isinstance(eps, float) or not _computes_rms_norm(norm, w, eps):
+            raise TPError(f"{name}.{n}: normalises the whole projection ({w.numel()} features, not one head of {d}); "
+                          f"expected an RMSNorm (weight * x * rsqrt(mean(x^2) + eps)) over {width} features to "
+                          f"split over heads, got {type(norm).__name__} (eps {eps!r})")
+        sl = slice(rank * local[proj], (rank + 1) * local[proj])
+        plan.append((attn, n, ParallelRMSNorm(w.detach()[sl], eps, width, group, world)))
+    return plan
 
 
 def _plan_attention(name: str, attn: nn.Module, hq_all: int, hkv_all: int, rank: int, world: int,
@@ -137,8 +186,6 @@ def _plan_attention(name: str, attn: nn.Module, hq_all: int, hkv_all: int, rank:
     d = getattr(attn, "head_dim", None)
     if not isinstance(d, int):
         raise TPError(f"{name}: expected an attention module with an int head_dim, got {d!r}")
-    if world > 1:
-        _check_qk_norm(name, attn, d)
     if hq_all % world or hkv_all % world:
         raise TPError(f"{name}: attention heads must divide over the {world} ranks (whole KV heads per rank): "
                       f"num_attention_heads={hq_all}, num_key_value_heads={hkv_all}")
@@ -174,6 +221,8 @@ def _plan_attention(name: str, attn: nn.Module, hq_all: int, hkv_all: int, rank:
         kinds = {p: type(mods.get(p)).__name__ for p in ("qkv_proj", *widths)}
         raise TPError(f"{name}: unsupported attention projections for tensor parallelism: expected a fused "
                       f"AWQLinear qkv_proj with OutputSlice q/k/v or three AWQLinear, got {kinds}")
+    if world > 1:
+        plan += _plan_qk_norm(name, attn, d, local, rank, world, group)
     o = _need(f"{name}.o_proj", mods.get("o_proj"), AWQLinear, "o_proj")
     if o.in_features != hq_all * d:
         raise TPError(f"{name}.o_proj: expected in_features {hq_all * d}, got {o.in_features}")
@@ -300,10 +349,16 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     plan: Plan = []
     n_mlp = n_moe = 0
     attns = []
+    replicated: List[nn.Module] = []  # int4 modules every rank keeps whole (MLA's low-rank input projections)
     for name, mod in model.named_modules():
-        if world > 1:
-            _check_mla(name, mod)
-        if "o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj")):
+        if _is_mla(mod):
+            if hq_all is None:
+                raise TPError(f"{name}: the model config has no num_attention_heads")
+            mla_plan, whole = _plan_mla(name, mod, hq_all, rank, world, group)
+            plan += mla_plan
+            replicated += whole
+            attns.append(mod)
+        elif "o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj")):
             if hq_all is None:
                 raise TPError(f"{name}: the model config has no num_attention_heads")
             plan += _plan_attention(name, mod, hq_all, hkv_all, rank, world, group)
@@ -317,7 +372,7 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
                 n_moe += 1
     if not attns and n_mlp == 0 and n_moe == 0:
         raise TPError("shard: found no attention (o_proj + q/k/v) or MLP (down_proj) modules to shard")
-    replaced = {id(parent._modules.get(attr)) for parent, attr, _ in plan}
+    replaced = {id(parent._modules.get(attr)) for parent, attr, _ in plan} | {id(m) for m in replicated}
     left = [n for n, m in model.named_modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul))
             and id(m) not in replaced]
     if left:
@@ -328,8 +383,9 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     for parent, attr, new in plan:
         parent._modules[attr] = new
     if text_cfg is not None and hq_all is not None:
-        if attns:
-            text_cfg.head_dim = attns[0].head_dim
+        head_dims = [a.head_dim for a in attns if isinstance(getattr(a, "head_dim", None), int)]
+        if head_dims:
+            text_cfg.head_dim = head_dims[0]
         text_cfg.num_attention_heads = hq_all // world
         text_cfg.num_key_value_heads = hkv_all // world
     for m in attns:  # attention modules that keep their own head counts (other transformers versions)
