@@ -153,7 +153,8 @@ def _plan_mla(name: str, attn: nn.Module, hq_all: int, rank: int, world: int, gr
 def _computes_rms_norm(norm: nn.Module, weight: torch.Tensor, eps: float) -> bool:
     """Whether ``norm`` computes what :class:`ParallelRMSNorm` does on one rank (checked on a random
     input, not by class name)."""
-    x = torch.randn(3, weight.numel(), generator=torch.Generator().manual_seed(0)).to(weight.dtype)
+    # fp32 x: both keep fp32 through the weight's multiply (no rounding to the weight's dtype to differ in)
+    x = torch.randn(3, weight.numel(), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = ParallelRMSNorm(weight, eps, weight.numel(), None, 1)(x)
         got = norm(x)
