@@ -15,7 +15,7 @@ import torch._dynamo
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from awq_inductor import experts_structure, testing  # noqa: E402
+from awq_inductor import experts_structure, formats, testing  # noqa: E402
 from awq_inductor.integrations import transformers as awq_hf  # noqa: E402
 from awq_inductor.nn import AWQGateUpSiluMul, AWQMoEExperts  # noqa: E402
 from awq_inductor.schemes import MOE_OPS  # noqa: E402
@@ -127,6 +127,55 @@ def test_family_loads_and_matches_reference(tmp_path, arch, qm, fmt, fused):
     assert close.float().mean().item() >= 0.9, close
     assert ((comp16 - want).abs().mean() / want.abs().mean()).item() < 0.05
     assert ((eager16 - want).abs().mean() / want.abs().mean()).item() < 0.05
+
+
+def _sweep_cases():
+    out = []
+    for fmt in formats.names():
+        f = formats.get(fmt)
+        for act in ((None, "per_layer") if f.has_g_idx and hasattr(f, "pack_act_order") else (None,)):
+            out += [(arch, fmt, fused, act) for arch in testing.MOE_ARCHS for fused in (False, True)]
+    return out
+
+
+def _one_per_format(cases):
+    """One case per (format, act-order), the family and layout rotating from one format to the next."""
+    groups = {}
+    for c in cases:
+        groups.setdefault((c[1], c[3]), []).append(c)
+    return [g[i % len(g)] for i, g in enumerate(groups.values())]
+
+
+SWEEP = _sweep_cases()
+SWEEP_SAMPLE = _one_per_format(SWEEP)  # what runs without --moe-sweep
+
+
+def pytest_generate_tests(metafunc):
+    if "sweep_case" in metafunc.fixturenames:
+        cases = SWEEP if metafunc.config.getoption("--moe-sweep") else SWEEP_SAMPLE
+        metafunc.parametrize("sweep_case", cases, ids=[f"{a}-{f}-{'fused' if u else 'per_expert'}"
+                                                       f"{'-act_order' if o else ''}" for a, f, u, o in cases])
+
+
+def test_every_family_format_and_layout_loads(tmp_path, sweep_case):
+    """Each MoE family (testing.MOE_ARCHS) in each checkpoint format we load, per-expert and fused 3-D
+    experts, GPTQ-layout formats also act-order: no missing / unexpected / mismatched keys, one experts op
+    per MoE layer, logits within 2e-3 of the dequantized fp32 reference (W4A16). One case per format by
+    default (the family and layout rotating), all 168 with ``--moe-sweep``."""
+    arch, fmt, fused, act = sweep_case
+    skip = ["shared_expert_gate"] if arch == "qwen2_moe" else None  # 1 output column: no packed format holds it
+    path = str(tmp_path / "ckpt")
+    ref = testing.save_quantized(testing.build_float_model(testing.tiny_config(arch)), path,
+                                 quant_method=formats.get(fmt).quant_method, format=fmt, group_size=32,
+                                 fused_experts=fused, act_order=act, modules_to_not_convert=skip)
+    model, info = _load(path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    ids = _ids()
+    with torch.no_grad(), MoeCounter() as c:
+        logits = model(ids).logits
+    assert c.count == len(_moe_layers(model)) > 0
+    with torch.no_grad():
+        torch.testing.assert_close(logits, ref(ids).logits, atol=2e-3, rtol=2e-3)
 
 
 def test_deepseek_w4a8_fused_layout_and_save_back(tmp_path):
