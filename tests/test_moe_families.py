@@ -159,9 +159,9 @@ def pytest_generate_tests(metafunc):
 
 def test_every_family_format_and_layout_loads(tmp_path, sweep_case):
     """Each MoE family (testing.MOE_ARCHS) in each checkpoint format we load, per-expert and fused 3-D
-    experts, GPTQ-layout formats also act-order: no missing / unexpected / mismatched keys, one experts op
-    per MoE layer, logits within 2e-3 of the dequantized fp32 reference (W4A16). One case per format by
-    default (the family and layout rotating), all 168 with ``--moe-sweep``."""
+    experts, formats that store g_idx also act-order: no missing / unexpected / mismatched keys, one experts
+    op per MoE layer, logits within 2e-3 of the dequantized fp32 reference (W4A16). 14 cases by default (one
+    per format and act-order, the family and layout rotating), all 168 with ``--moe-sweep``."""
     arch, fmt, fused, act = sweep_case
     skip = ["shared_expert_gate"] if arch == "qwen2_moe" else None  # 1 output column: no packed format holds it
     path = str(tmp_path / "ckpt")
@@ -311,16 +311,32 @@ def test_structural_test_on_transformers_classes():
 
 # ---------------------------------------------------------------------------------------------
 # Tensor parallelism (GLM-4-MoE on 2 real ranks: tests/test_tp.py)
-def test_tensor_parallel_refuses_attention_it_cannot_split(tmp_path):
-    """A norm over the whole q projection that is not an RMSNorm (a LayerNorm here) cannot be split by
-    all-reducing the mean of squares: refused by name (OLMoE's RMSNorms are split: tests/test_tp.py)."""
+def _extra_mla_projection(model):
+    attn = model.model.layers[1].self_attn
+    attn.extra_proj = attn.q_b_proj  # an int4 projection of MLA that is neither per head nor low-rank input
+
+
+REFUSED = [
+    ("olmoe", lambda m: setattr(m.model.layers[0].self_attn, "q_norm", torch.nn.LayerNorm(128)),
+     r"model\.layers\.0\.self_attn\.q_norm: normalises 128 features \(head_dim 32, projection width 128\); "
+     r"expected a per-head norm or an RMSNorm .* over 128 features to split over heads, got LayerNorm"),
+    ("olmoe", lambda m: setattr(m.model.layers[0].self_attn, "k_norm", torch.nn.RMSNorm(128, elementwise_affine=False)),
+     r"model\.layers\.0\.self_attn\.k_norm: a q/k norm without a weight tensor \(RMSNorm\)"),
+    ("deepseek_v3", _extra_mla_projection,
+     r"model\.layers\.1\.self_attn: int4 projections \['extra_proj'\] of multi-head latent attention"),
+]
+
+
+@pytest.mark.parametrize("arch,mutate,match", REFUSED, ids=["layer_norm", "weightless_norm", "unknown_mla_projection"])
+def test_tensor_parallel_refuses_attention_it_cannot_split(tmp_path, arch, mutate, match):
+    """What tp.shard cannot split is refused by name, the model untouched: a norm over the whole q projection
+    that is not an RMSNorm (an all-reduce of the mean of squares would not reproduce it), a norm without a
+    weight (per head or whole projection cannot be told apart), an MLA int4 projection of unknown role."""
     from awq_inductor import tp
 
-    path, _ = _make(tmp_path, "olmoe")
+    path, _ = _make(tmp_path, arch)
     model = _load(path)
-    model.model.layers[0].self_attn.q_norm = torch.nn.LayerNorm(128)
-    match = (r"model\.layers\.0\.self_attn\.q_norm: normalises the whole projection \(128 features, not one head "
-             r"of 32\); expected an RMSNorm .* over 128 features to split over heads, got LayerNorm")
+    mutate(model)
     with pytest.raises(tp.TPError, match=match):
         tp.shard(model, rank=0, world_size=2)
     assert getattr(model, "_awq_tp", None) is None
@@ -347,14 +363,18 @@ def test_tensor_parallel_olmoe_qk_norm_split(tmp_path):
     path, _ = _make(tmp_path, "olmoe")
     model = _load(path)
     attn = model.model.layers[0].self_attn
-    q_norm = attn.q_norm
+    norms = {n: getattr(attn, n) for n in ("q_norm", "k_norm")}
+    with torch.no_grad():  # the tiny model's norms are all ones: distinct weights, so a wrong slice shows
+        for norm in norms.values():
+            norm.weight.copy_(torch.rand(128, generator=torch.Generator().manual_seed(7)) + 0.5)
     tp.shard(model, rank=1, world_size=2)
-    par = attn.q_norm
-    assert isinstance(par, tp.ParallelRMSNorm) and par.features == 128
-    assert torch.equal(par.weight, q_norm.weight.detach()[64:])
-    x = torch.randn(5, 128)
-    one = tp.ParallelRMSNorm(q_norm.weight.detach(), par.variance_epsilon, 128, None, 1)
-    torch.testing.assert_close(one(x), q_norm(x), rtol=1e-6, atol=1e-6)
+    for n, whole in norms.items():
+        par = getattr(attn, n)
+        assert isinstance(par, tp.ParallelRMSNorm) and par.features == 128, n
+        assert torch.equal(par.weight, whole.weight.detach()[64:]), n
+        x = torch.randn(5, 128)
+        one = tp.ParallelRMSNorm(whole.weight.detach(), par.variance_epsilon, 128, None, 1)
+        torch.testing.assert_close(one(x), whole(x), rtol=1e-6, atol=1e-6)
 
 
 def test_tensor_parallel_deepseek_mla_shard_builds(tmp_path):

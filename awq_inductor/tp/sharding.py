@@ -114,11 +114,16 @@ def _need(name: str, mod, cls, what: str):
 # ---------------------------------------------------------------------------------------------
 
 
+#: MLA's low-rank input projections (alone or fused), whole on every rank
+MLA_REPLICATED = ("q_a_proj", "kv_a_proj_with_mqa", "q_kv_a_proj")
+
+
 def _is_mla(mod: nn.Module) -> bool:
     return any(p in mod._modules for p in MLA_PROJECTIONS)
 
 
-def _plan_mla(name: str, attn: nn.Module, hq_all: int, rank: int, world: int, group) -> Tuple[Plan, List[nn.Module]]:
+def _plan_mla(name: str, attn: nn.Module, hq_all: int, hkv_all: int, rank: int, world: int,
+              group) -> Tuple[Plan, List[nn.Module]]:
     """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2) split over heads: q_b_proj (or q_proj
     without a q LoRA) and kv_b_proj column-parallel (each rank's heads: qk_head_dim, and
     qk_nope_head_dim + v_head_dim rows per head), o_proj row-parallel; the low-rank input projections
@@ -129,8 +134,9 @@ def _plan_mla(name: str, attn: nn.Module, hq_all: int, rank: int, world: int, gr
     dims = {k: getattr(attn, k, None) for k in ("qk_head_dim", "qk_nope_head_dim", "v_head_dim")}
     if not all(isinstance(v, int) for v in dims.values()):
         raise TPError(f"{name}: expected multi-head latent attention with int {', '.join(dims)}, got {dims}")
-    if hq_all % world:
-        raise TPError(f"{name}: attention heads must divide over the {world} ranks: num_attention_heads={hq_all}")
+    if hq_all % world or hkv_all % world:
+        raise TPError(f"{name}: attention heads must divide over the {world} ranks: num_attention_heads={hq_all}, "
+                      f"num_key_value_heads={hkv_all}")
     hq = hq_all // world
     q_name = "q_b_proj" if mods.get("q_b_proj") is not None else "q_proj"
     per_head = {q_name: dims["qk_head_dim"], "kv_b_proj": dims["qk_nope_head_dim"] + dims["v_head_dim"]}
@@ -146,8 +152,12 @@ def _plan_mla(name: str, attn: nn.Module, hq_all: int, rank: int, world: int, gr
         raise TPError(f"{name}.o_proj: expected in_features {hq_all * v}, got {o.in_features}")
     _check_k_split(f"{name}.o_proj", hq * v, o.group_size, f"{hq} heads x {v}")
     plan.append((attn, "o_proj", _row_linear(f"{name}.o_proj", o, rank * hq * v, (rank + 1) * hq * v, group, world)))
-    replicated = [m for p, m in mods.items() if p not in per_head and p != "o_proj" and isinstance(m, AWQLinear)]
-    return plan, replicated
+    others = {p: m for p, m in mods.items() if p not in per_head and p != "o_proj" and isinstance(m, AWQLinear)}
+    unknown = sorted(set(others) - set(MLA_REPLICATED))
+    if unknown:
+        raise TPError(f"{name}: int4 projections {unknown} of multi-head latent attention: expected only "
+                      f"{list(MLA_REPLICATED)} besides the per-head {list(per_head)} and o_proj")
+    return plan, list(others.values())
 
 
 def _computes_rms_norm(norm: nn.Module, weight: torch.Tensor, eps: float) -> bool:
@@ -168,15 +178,20 @@ def _plan_qk_norm(name: str, attn: nn.Module, d: int, local: dict, rank: int, wo
     plan: Plan = []
     for n, proj in (("q_norm", "q_proj"), ("k_norm", "k_proj")):
         norm = attn._modules.get(n)
+        if norm is None:
+            continue
         w = getattr(norm, "weight", None)
-        if not isinstance(w, torch.Tensor) or w.numel() == d:
+        width = local[proj] * world
+        if not isinstance(w, torch.Tensor):  # per head or over the whole projection cannot be told apart
+            raise TPError(f"{name}.{n}: a q/k norm without a weight tensor ({type(norm).__name__}): expected a "
+                          f"per-head norm of {d} features or an RMSNorm over the projection's {width}")
+        if w.numel() == d:
             continue
         eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
-        width = local[proj] * world
         if w.dim() != 1 or w.numel() != width or not isinstance(eps, float) or not _computes_rms_norm(norm, w, eps):
-            raise TPError(f"{name}.{n}: normalises the whole projection ({w.numel()} features, not one head of {d}); "
-                          f"expected an RMSNorm (weight * x * rsqrt(mean(x^2) + eps)) over {width} features to "
-                          f"split over heads, got {type(norm).__name__} (eps {eps!r})")
+            raise TPError(f"{name}.{n}: normalises {w.numel()} features (head_dim {d}, projection width {width}); "
+                          f"expected a per-head norm or an RMSNorm (weight * x * rsqrt(mean(x^2) + eps)) over "
+                          f"{width} features to split over heads, got {type(norm).__name__} (eps {eps!r})")
         sl = slice(rank * local[proj], (rank + 1) * local[proj])
         plan.append((attn, n, ParallelRMSNorm(w.detach()[sl], eps, width, group, world)))
     return plan
@@ -355,7 +370,7 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
         if _is_mla(mod):
             if hq_all is None:
                 raise TPError(f"{name}: the model config has no num_attention_heads")
-            mla_plan, whole = _plan_mla(name, mod, hq_all, rank, world, group)
+            mla_plan, whole = _plan_mla(name, mod, hq_all, hkv_all, rank, world, group)
             plan += mla_plan
             replicated += whole
             attns.append(mod)
