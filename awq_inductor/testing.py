@@ -225,10 +225,9 @@ def quantize_to_state_dict(model: nn.Module, *, quant_method: str = "awq", forma
     (GPTQ only): a GPTQ desc_act checkpoint, each linear quantized in a random column order
     (:func:`_act_order_perm`) and stored like AutoGPTQ does (q in the original order, g_idx)."""
     fmt = formats.get(format)
-    if act_order is not None and not (fmt.has_g_idx and hasattr(fmt, "pack_act_order")):
-        why = "no g_idx" if not fmt.has_g_idx else "no act-order packer"
+    if act_order is not None and not fmt.has_g_idx:  # the formats with g_idx are GPTQ's, with pack_act_order
         raise ValueError(f"act_order: only formats that store g_idx hold an act-order checkpoint, "
-                         f"got format {format!r} ({why})")
+                         f"got format {format!r} (no g_idx)")
     skip = list(modules_to_not_convert or [])
     out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     ref = copy.deepcopy(model)

@@ -133,7 +133,7 @@ def _sweep_cases():
     out = []
     for fmt in formats.names():
         f = formats.get(fmt)
-        for act in ((None, "per_layer") if f.has_g_idx and hasattr(f, "pack_act_order") else (None,)):
+        for act in ((None, "per_layer") if f.has_g_idx else (None,)):
             out += [(arch, fmt, fused, act) for arch in testing.MOE_ARCHS for fused in (False, True)]
     return out
 

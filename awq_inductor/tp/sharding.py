@@ -367,17 +367,16 @@ def shard(model: nn.Module, group=None, *, vocab_parallel: bool = True, rank: Op
     attns = []
     replicated: List[nn.Module] = []  # int4 modules every rank keeps whole (MLA's low-rank input projections)
     for name, mod in model.named_modules():
-        if _is_mla(mod):
+        mla = _is_mla(mod)
+        if mla or ("o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj"))):
             if hq_all is None:
                 raise TPError(f"{name}: the model config has no num_attention_heads")
-            mla_plan, whole = _plan_mla(name, mod, hq_all, hkv_all, rank, world, group)
-            plan += mla_plan
-            replicated += whole
-            attns.append(mod)
-        elif "o_proj" in mod._modules and any(p in mod._modules for p in ("qkv_proj", "q_proj")):
-            if hq_all is None:
-                raise TPError(f"{name}: the model config has no num_attention_heads")
-            plan += _plan_attention(name, mod, hq_all, hkv_all, rank, world, group)
+            if mla:
+                mla_plan, whole = _plan_mla(name, mod, hq_all, hkv_all, rank, world, group)
+                plan += mla_plan
+                replicated += whole
+            else:
+                plan += _plan_attention(name, mod, hq_all, hkv_all, rank, world, group)
             attns.append(mod)
         elif "down_proj" in mod._modules:
             plan += _plan_mlp(name, mod, rank, world, group)
