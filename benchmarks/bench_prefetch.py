@@ -1,12 +1,13 @@
-"""The decode kernels' software prefetch settings side by side, cold, against the read probe.
+"""The decode kernels' settings (software prefetch, int16 x) side by side, cold, against the read probe.
 
     python benchmarks/bench_prefetch.py                          # W4A16 + W4A8, 4096x11008 and 11008x4096
     python benchmarks/bench_prefetch.py --ops int4_mm --shapes 4096x4096 --m 1,2 --threads 1,2
     python benchmarks/bench_prefetch.py --smoke
 
-Every setting of ``kernels.tuner.PREFETCH_CANDIDATES`` (distance within each weight stream, next N
-tile into L2) is one method: the op's eager kernel called with the per-machine plan of the shape,
-only the prefetch fields replaced (outputs checked bit-identical to none first). The methods and one
+Every setting of ``kernels.tuner.DECODE_CANDIDATES`` (distance within each weight stream, next N
+tile into L2, bf16 or int16 x) is one method: the op's eager kernel called with the per-machine plan
+of the shape, only the decode fields replaced (outputs checked bit-identical to no prefetch with the
+same x first). The methods and one
 pass of ``bw_probe`` (256 MiB, same threads) are interleaved in every rep, in alternating order,
 each call on another cold copy of the packed weight (256 MiB of copies in rotation, on huge pages as
 a loaded model's). Prints the median GB/s of each setting as a share of the probe's median.
@@ -42,12 +43,13 @@ def time_settings(op_name: str, K: int, N: int, M: int, threads: int, reps: int,
     cold = [hugepages.copy_on_huge_pages(w[0]) for _ in range(max(2, cold_bytes // w[0].nbytes))]
     (probe,), pbytes = bw_probe.stream_calls(threads, probe_bytes)
     base = tuning_cache.plan_for(op, isa, torch.bfloat16, K, N, G)
-    plans = {tuner.prefetch_name(pf): dataclasses.replace(base, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
-             for pf in tuner.PREFETCH_CANDIDATES}
+    plans = {tuner.setting_name(pf): base.with_decode(pf)
+             for pf in tuner.DECODE_CANDIDATES}
     x = torch.randn(M, K).bfloat16()
-    ref = kern(x, *w, None, G, N, plan=plans["0"])
-    for name, plan in plans.items():
-        if not torch.equal(kern(x, *w, None, G, N, plan=plan), ref):
+    ref = {i: kern(x, *w, None, G, N, plan=base.with_decode(tuner.DecodeSetting(0, 0, i))) for i in (0, 1)}
+    for pf in tuner.DECODE_CANDIDATES:
+        name = tuner.setting_name(pf)
+        if not torch.equal(kern(x, *w, None, G, N, plan=plans[name]), ref[pf.int16_x]):
             raise AssertionError(f"{op_name} {K}x{N} M={M}: prefetch setting {name} changed the output")
     gbps = {name: [] for name in list(plans) + ["probe"]}
     i = 0

@@ -241,5 +241,5 @@ def test_bench_prefetch_smoke():
 
     assert [r["op"] for r in rows] == ["int4_mm", "int4_mm_a8"]
     for r in rows:
-        assert set(r["GBps"]) == {tuner.prefetch_name(pf) for pf in tuner.PREFETCH_CANDIDATES} | {"probe"}
+        assert set(r["GBps"]) == {tuner.setting_name(pf) for pf in tuner.DECODE_CANDIDATES} | {"probe"}
         assert all(v > 0 for v in r["GBps"].values())

@@ -316,7 +316,66 @@ def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
     base = kplan.forced_plan({"bf16_f32_min_m": 9, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
     for M in (1, 3, 8):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
-        ref = kern(x, *w, None, 64, N, plan=base)
-        for pf in tuner.PREFETCH_CANDIDATES:
-            plan = dataclasses.replace(base, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
-            assert torch.equal(kern(x, *w, None, 64, N, plan=plan), ref), (M, pf)
+        ref = {i: kern(x, *w, None, 64, N, plan=base.with_decode(kplan.DEFAULT_DECODE._replace(int16_x=i)))
+               for i in (0, 1)}
+        for pf in tuner.DECODE_CANDIDATES:
+            plan = base.with_decode(pf)
+            assert torch.equal(kern(x, *w, None, 64, N, plan=plan), ref[pf.int16_x]), (M, pf)
+
+
+DECODE_ISAS = [p for p in ISAS if p.values[0] != "portable"]  # the int16 kernel is AVX512-VNNI
+_DECODE_ROWS = {"bf16_f32_min_m": 16, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40}
+
+
+def _int16_plans():
+    base = kplan.forced_plan(_DECODE_ROWS)
+    return base, base.with_decode(kplan.DecodeSetting(512, 1, 1))
+
+
+@pytest.mark.parametrize("isa", DECODE_ISAS)
+@pytest.mark.parametrize("op_name", ["int4_mm", "int4_mm_silu_mul"])
+@pytest.mark.parametrize("K,G", [(256, 32), (384, 128), (512, 64), (4096, 4096)])
+def test_int16_decode_matches_the_bf16_decode(isa, op_name, K, G):
+    """Decode rows on int16 x (Thresholds::decode_int16) against the dpbf16 kernel and the fp32
+    oracle: rows 1-12 (one pass up to 8, 4-row blocks above), K slices that start inside a group
+    (K = 384, G = 128 on 2 threads), a group of tiny values, an outlier 2^8 above its group, G = K."""
+    op = schemes.OPS[op_name]
+    N = 96 if op.spec.columns_per_output == 2 else 200
+    w = op_args(op_name, N, K, G, bias=False, seed=5)[:len(op.scheme.weights)]
+    kern = native.get_kernel(op_name, torch.bfloat16, isa)
+    bf16, int16 = _int16_plans()
+    for M in (1, 2, 5, 8, 12):
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)).bfloat16()
+        x[0, :G] *= 1e-30
+        x[-1, 1] = 300.0
+        ref = oracles.int4_mm(op_name, x.float(), *w, None, G, N)
+        y0, y1 = kern(x, *w, None, G, N, plan=bf16), kern(x, *w, None, G, N, plan=int16)
+        tol = dict(rtol=1e-2, atol=1e-2 * float(ref.abs().max()))
+        torch.testing.assert_close(y1.float(), ref, **tol)
+        torch.testing.assert_close(y1.float(), y0.float(), **tol)
+
+
+@pytest.mark.parametrize("isa", DECODE_ISAS)
+def test_int16_decode_runs_where_it_applies_and_nowhere_else(isa):
+    """The int16 path is taken (a value 2^-17 of its group's largest rounds to zero on it, where the
+    dpbf16 kernel keeps it, up to its fp32 rounding of the 128 + q offset), and not for G > 4096 (int32 sums no longer exact) or NaN/Inf in x (the
+    exact fp32 path): there the outputs are the dpbf16 plan's."""
+    K, N = 256, 64
+    q = torch.full((N, K), 8, dtype=torch.uint8)
+    q[:, 1] = 15  # q - z: 0 on every k but k = 1 (7)
+    z, s = torch.full((N, K // 32), 8, dtype=torch.uint8), torch.ones(N, K // 32)
+    w = schemes.OPS["int4_mm"].pack(q, z, s, 32, N)
+    x = torch.zeros(1, K, dtype=torch.bfloat16)
+    x[0, 0], x[0, 1] = 1.0, 2.0 ** -17  # the output: 7 * 2^-17
+    kern = native.get_kernel("int4_mm", torch.bfloat16, isa)
+    bf16, int16 = _int16_plans()
+    torch.testing.assert_close(kern(x, *w, None, 32, N, plan=bf16).float(), torch.full((1, N), 7 * 2.0 ** -17),
+                               rtol=0.25, atol=0)
+    assert torch.equal(kern(x, *w, None, 32, N, plan=int16), torch.zeros(1, N, dtype=torch.bfloat16))
+    big = schemes.OPS["int4_mm"].pack(torch.cat([q] * 32, 1), z[:, :1], s[:, :1], 8192, N)  # G = K = 8192
+    xb = torch.cat([x] * 32, 1)
+    assert torch.equal(kern(xb, *big, None, 8192, N, plan=int16), kern(xb, *big, None, 8192, N, plan=bf16))
+    xi = x.clone()
+    xi[0, 5] = float("inf")
+    torch.testing.assert_close(kern(xi, *w, None, 32, N, plan=int16), kern(xi, *w, None, 32, N, plan=bf16),
+                               rtol=0, atol=0, equal_nan=True)  # inf * (q - z = 0): NaN, as the dense product

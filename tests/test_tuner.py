@@ -286,18 +286,18 @@ def _compiled_code(lin, x):
 
 
 @pytest.mark.parametrize("winner,literal", [
-    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1,  // plan: tuned"),
-    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1,  // plan: tuned"),
+    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1,  // plan: tuned"),
+    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1,  // plan: tuned"),
 ])
 def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
     """Two candidate timings forced: the compiled kernel's thresholds select the faster one (and
-    carry the machine's decode prefetch, measured as 512 bytes and the next tile here)."""
+    carry the machine's decode setting, measured as 512 bytes, the next tile and int16 x here)."""
     def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
         return fake_timer({p: (lambda m, p=p: 1.0 if p == winner else 2.0)
                            for p in kplan.candidates(op, isa, x_dtype)})
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
-    monkeypatch.setattr(tuner, "tune_decode_prefetch", lambda isa: (kplan.DecodePrefetch(512, 1), {}))
+    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa: (kplan.DecodeSetting(512, 1, 1), {}))
     q, z, s = random_canonical(128, 256, 64)
     lin = AWQLinear.from_canonical(q, z, s, group_size=64)
     x = torch.randn(3, 256).to(torch.bfloat16)
@@ -423,59 +423,63 @@ def test_plans_are_measured_at_load_never_inside_the_first_generate(tune_dir, mo
     assert len(calls) == 4  # nothing measured after load
 
 
-def test_decode_prefetch_is_measured_once_per_machine_and_reaches_the_plans(tune_dir):
-    """The decode kernels' prefetch (distance, next tile) is a machine measurement: chosen where it is
-    clearly faster, cached beside the plans, carried by every bf16 plan (never by fp32 ones), part of
-    the cache file (so of the FX key through cache_digest), none under tune="off", and measured again
-    where the cache holds an entry from before the next-tile choice."""
+def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_dir):
+    """The decode kernels' setting (prefetch distance, next tile, int16 x) is a machine measurement:
+    chosen where it is clearly faster, cached beside the plans, carried by every bf16 plan (never by
+    fp32 ones), part of the cache file (so of the FX key through cache_digest), the constants under
+    tune="off", and measured again where the cache holds an entry from before the int16 x choice."""
     from awq_inductor.kernels import isa as isa_mod
 
     isa = isa_mod.select()
-    DP = kplan.DecodePrefetch
-    fast = {pf: 3.0 - 0.5 * (pf.distance == 1024) - 1.0 * pf.next_tile for pf in tuner.PREFETCH_CANDIDATES}
+    DP = kplan.DecodeSetting
+    fast = {pf: 3.0 - 0.5 * (pf.distance == 1024) - 1.0 * pf.next_tile - 0.3 * pf.int16_x for pf in tuner.DECODE_CANDIDATES}
     calls = []
 
     def timer(pf):
         calls.append(pf)
         return fast[pf] * 1e-3
 
-    assert tuner.tune_decode_prefetch(isa, timer)[0] == DP(1024, 1)
-    assert len(calls) == len(tuner.PREFETCH_CANDIDATES) * tuner.PREFETCH_ROUNDS
-    assert DP(0, 1) in tuner.PREFETCH_CANDIDATES and DP(2048, 0) in tuner.PREFETCH_CANDIDATES
+    assert tuner.tune_decode_setting(isa, timer)[0] == DP(1024, 1, 1)
+    assert len(calls) == len(tuner.DECODE_CANDIDATES) * tuner.DECODE_ROUNDS
+    assert DP(0, 1) in tuner.DECODE_CANDIDATES and DP(2048, 0) in tuner.DECODE_CANDIDATES
+    assert {pf._replace(int16_x=1) for pf in tuner.DECODE_CANDIDATES} <= set(tuner.DECODE_CANDIDATES)
+    # int16 x alone, without a prefetch: chosen where it is clearly faster
+    assert tuner.tune_decode_setting(isa, lambda pf: (1.0 - 0.2 * pf.int16_x) * 1e-3)[0] == DP(0, 0, 1)
     flat = {pf: 1.0 for pf in fast}
-    assert tuner.tune_decode_prefetch(isa, lambda pf: flat[pf] * 1e-3)[0] == kplan.NO_PREFETCH  # no gain: none
+    assert tuner.tune_decode_setting(isa, lambda pf: flat[pf] * 1e-3)[0] == kplan.DEFAULT_DECODE  # no gain: none
     # by median a setting is 2x faster, but it beats none in 1 round of 5 (the rounds disagree): not trusted
-    n = len(tuner.PREFETCH_CANDIDATES)
+    n = len(tuner.DECODE_CANDIDATES)
     rounds = iter([1.0] + [2.0] * (n - 1) + [1.0] + [2.0] * (n - 1) + [1.0] + [0.5] * (n - 1)
                   + ([0.1] + [0.5] * (n - 1)) * 2)
-    best, times = tuner.tune_decode_prefetch(isa, lambda pf: next(rounds))
-    assert best == kplan.NO_PREFETCH and times["noisy"] and times["512"] < times["0"]
+    best, times = tuner.tune_decode_setting(isa, lambda pf: next(rounds))
+    assert best == kplan.DEFAULT_DECODE and times["noisy"] and times["512"] < times["0"]
 
     measured = []
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(tuner, "tune_decode_prefetch", lambda isa: (measured.append(isa), (DP(512, 1), {"0": 2.0}))[1])
+    monkey.setattr(tuner, "tune_decode_setting", lambda isa: (measured.append(isa), (DP(512, 1, 1), {"0": 2.0}))[1])
     try:
         digest = tuning_cache.cache_digest()
-        assert tuning_cache.decode_prefetch(isa) == DP(512, 1) and tuning_cache.decode_prefetch(isa) == DP(512, 1)
+        assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and tuning_cache.decode_setting(isa) == DP(512, 1, 1)
         assert len(measured) == 1 and tuning_cache.cache_digest() != digest
         tuning_cache.forget()
-        assert tuning_cache.decode_prefetch(isa) == DP(512, 1) and len(measured) == 1  # from the file
+        assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 1  # from the file
         plan = kplan.Plan(5, 8, 9, source="cached")
         tuned = tuning_cache._with_machine_params(plan, isa, torch.bfloat16)
-        assert (tuned.decode_prefetch, tuned.prefetch_next_tile) == (512, 1) and tuned.cxx_args()[-2:] == (512, 1)
+        assert (tuned.decode_prefetch, tuned.prefetch_next_tile, tuned.decode_int16) == (512, 1, 1)
+        assert tuned.cxx_args()[-3:] == (512, 1, 1)
         fp32 = tuning_cache._with_machine_params(plan, isa, torch.float32)
-        assert (fp32.decode_prefetch, fp32.prefetch_next_tile) == (0, 0)
-        # an entry written before the next-tile choice: measured again
+        assert (fp32.decode_prefetch, fp32.prefetch_next_tile, fp32.decode_int16) == (0, 0, 0)
+        # an entry written before the int16 x choice: measured again
         path = tuning_cache.cache_path()
         data = json.loads(open(path).read())
-        data["machine_params"][f"decode_prefetch/{isa}"] = {"bytes": 1024, "times_ms": {}}
+        data["machine_params"][f"decode_setting/{isa}"] = {"bytes": 1024, "next_tile": 0, "times_ms": {}}
         open(path, "w").write(json.dumps(data))
         tuning_cache.forget()
-        assert tuning_cache.decode_prefetch(isa) == DP(512, 1) and len(measured) == 2
+        assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 2
         with config.patch(tune="off"):
             tuning_cache.forget()
             plan = tuning_cache.plan_for(OPS["int4_mm"], isa, torch.bfloat16, 256, 64, 64)
-            assert (plan.decode_prefetch, plan.prefetch_next_tile) == (0, 0)
+            assert (plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16) == (0, 0, 0)
     finally:
         monkey.undo()
 

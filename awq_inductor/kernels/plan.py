@@ -29,7 +29,7 @@ THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 #: The fields of ``awq::Thresholds`` (runtime/driver.h.j2) in order: the eager entry points' trailing
 #: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
 #: Inductor template's initializer are all made from this list.
-CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch", "prefetch_next_tile")
+CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch", "prefetch_next_tile", "decode_int16")
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
 DEFAULT_DECODE_PREFETCH = 0
@@ -37,8 +37,14 @@ DEFAULT_DECODE_PREFETCH = 0
 #: stream, at the same offset (a thread's next work unit: the driver hands each thread consecutive
 #: tiles): two more streams in flight per core, where the hardware keeps few enough misses
 #: outstanding per stream that one core reads below the memory's rate. Off without a measurement;
-#: tuned per machine with the distance (kernels/tuner.py tune_decode_prefetch).
+#: tuned per machine with the distance (kernels/tuner.py tune_decode_setting).
 DEFAULT_NEXT_TILE_PREFETCH = 0
+#: Whether the decode rows run bf16 x as int16 fixed point on VNNI dot products (micro::avx512_int16x,
+#: w4a16 with G <= 4096 and K % G == 0): where vdpbf16ps issues at half the rate of vpdpwssd (the
+#: AMX Xeon: the decode loop from L2 1.0 / 2.4x, cold 1.05-1.10x, benchmarks/results/decode_int16_1204.md).
+#: Off without a measurement (the dpbf16 kernel is what Zen 4 was tuned on); tuned per machine with
+#: the prefetch (kernels/tuner.py tune_decode_setting).
+DEFAULT_DECODE_INT16 = 0
 #: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
 #: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are
 #: multiples of 32); more rows dequantize with the scales once per M block (``amx``). 4096 x 11008,
@@ -47,24 +53,26 @@ DEFAULT_NEXT_TILE_PREFETCH = 0
 AMX_GROUPS_MAX_M = 32
 
 
-class DecodePrefetch(NamedTuple):
-    """The decode kernels' software prefetch on one machine: bytes ahead within each weight stream
-    (0: none) and whether the next N tile is prefetched into L2 too (0 / 1)."""
+class DecodeSetting(NamedTuple):
+    """The decode kernels' setup on one machine: software prefetch (bytes ahead within each weight
+    stream, 0: none; whether the next N tile is prefetched into L2 too, 0 / 1) and whether bf16 x
+    runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`)."""
 
     distance: int
     next_tile: int
+    int16_x: int = DEFAULT_DECODE_INT16
 
 
-#: Neither (the constants' choice).
-NO_PREFETCH = DecodePrefetch(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH)
+#: The constants' choice (no prefetch, bf16 x).
+DEFAULT_DECODE = DecodeSetting(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_DECODE_INT16)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Rows from which each path is taken (see the module docstring) and the decode kernels'
-    software prefetch: the distance in bytes within each weight stream and whether the next N tile
-    is prefetched too (measured once per machine, not per shape: the hardware prefetchers decide
-    it; :func:`~awq_inductor.kernels.tuner.tune_decode_prefetch`); ``source`` says where the
+    setting (:class:`DecodeSetting`: prefetch distance, next-tile prefetch, int16 x; measured once per
+    machine, not per shape: the hardware prefetchers and issue rates decide it;
+    :func:`~awq_inductor.kernels.tuner.tune_decode_setting`); ``source`` says where the
     plan came from (``default`` | ``forced`` | ``cached`` | ``tuned``)."""
 
     amx_min_m: int
@@ -73,7 +81,13 @@ class Plan:
     dense_min_m: int = NEVER
     decode_prefetch: int = DEFAULT_DECODE_PREFETCH
     prefetch_next_tile: int = DEFAULT_NEXT_TILE_PREFETCH
+    decode_int16: int = DEFAULT_DECODE_INT16
     source: str = "default"
+
+    def with_decode(self, setting: DecodeSetting) -> "Plan":
+        """This plan with the decode kernels' machine setting."""
+        return dataclasses.replace(self, decode_prefetch=setting.distance, prefetch_next_tile=setting.next_tile,
+                                   decode_int16=setting.int16_x)
 
     def cxx_args(self) -> Tuple[int, ...]:
         """The ``awq::Thresholds`` fields (:data:`CXX_FIELDS`), in order."""
@@ -93,7 +107,7 @@ def default_plan() -> Plan:
 
 
 def forced_plan(values: dict) -> Plan:
-    keys = THRESHOLDS + ("decode_prefetch", "prefetch_next_tile")
+    keys = THRESHOLDS + ("decode_prefetch", "prefetch_next_tile", "decode_int16")
     unknown = set(values) - set(keys)
     if unknown:
         raise ValueError(f"config.kernel_plan: expected keys among {keys}, got {sorted(unknown)}")

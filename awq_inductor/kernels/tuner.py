@@ -44,7 +44,7 @@ import torch
 
 from ..schemes import OPS, W4A8, Op
 from . import background, dense, hugepages, native
-from .plan import NEVER, NO_PREFETCH, DecodePrefetch, Plan, candidate_of, candidates, default_plan, path_for
+from .plan import NEVER, DEFAULT_DECODE, DecodeSetting, Plan, candidate_of, candidates, default_plan, path_for
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +302,7 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The decode kernels' software prefetch (per machine)
+# The decode kernels' setting: software prefetch and int16 x (per machine)
 #: Settings (distance in bytes ahead in each weight stream, next N tile into L2) the bf16 decode
 #: kernel is timed with. Cold, M = 1, 2 threads, bench_decode's harness, share of the read probe at
 #: 4096 x 4096 / 4096 x 11008 on the 2-core Sapphire-Rapids-class Xeon: none 40% / 45%, 512 B 59 /
@@ -310,39 +310,42 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 #: 6-9% (1 thread), while the next tile's lines (two more streams per core) gave 1.2-1.3x at 1 and 2
 #: threads (standalone loop of the kernel, 4096 x 11008-sized panels, interleaved with the probe:
 #: 87-93% of it against 70-76%).
-PREFETCH_CANDIDATES = tuple(DecodePrefetch(d, t) for t in (0, 1) for d in (0, 512, 1024, 2048) if not (t and d == 2048))
-PREFETCH_ROUNDS = 5
+#: Each prefetch runs with bf16 x and with int16 x (plan.DEFAULT_DECODE_INT16: the issue rates
+#: decide, not the memory).
+DECODE_CANDIDATES = tuple(DecodeSetting(d, t, i) for i in (0, 1) for t in (0, 1) for d in (0, 512, 1024, 2048)
+                          if not (t and d == 2048))
+DECODE_ROUNDS = 5
 
 
-def prefetch_name(setting: DecodePrefetch) -> str:
-    """``"1024"``, ``"0+next_tile"``: a setting's key in the cached timings."""
-    return f"{setting.distance}" + ("+next_tile" if setting.next_tile else "")
+def setting_name(setting: DecodeSetting) -> str:
+    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``: a setting's key in the cached timings."""
+    return f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
 
 
-def tune_decode_prefetch(isa: str, timer: Optional[Callable[[DecodePrefetch], float]] = None
-                         ) -> Tuple[DecodePrefetch, dict]:
+def tune_decode_setting(isa: str, timer: Optional[Callable[[DecodeSetting], float]] = None
+                        ) -> Tuple[DecodeSetting, dict]:
     """(setting, {setting name: ms per call, "noisy": bool}) for this machine: the W4A16 bf16 decode
-    kernel at M = 1 (4096 x 2048, G = 128), each setting of :data:`PREFETCH_CANDIDATES` timed over
-    cold copies of the weights, interleaved in :data:`PREFETCH_ROUNDS` rounds (median per setting).
-    A setting replaces none only if its median is ``MIN_GAIN`` faster and it beats none in most
-    rounds: a busy machine (another job on the 2 cores once made every call 20x slower) keeps none
-    and is marked noisy. ``timer`` (tests): setting -> seconds per call."""
+    kernel at M = 1 (4096 x 2048, G = 128), each setting of :data:`DECODE_CANDIDATES` timed over
+    cold copies of the weights, interleaved in :data:`DECODE_ROUNDS` rounds (median per setting).
+    A setting replaces the constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`) only if
+    its median is ``MIN_GAIN`` faster and it beats them in most rounds: a busy machine (another job
+    on the 2 cores once made every call 20x slower) keeps the constants and is marked noisy. ``timer`` (tests): setting -> seconds per call."""
     timer = timer or _cold_decode_timer(isa)
-    times: Dict[DecodePrefetch, List[float]] = {pf: [] for pf in PREFETCH_CANDIDATES}
+    times: Dict[DecodeSetting, List[float]] = {pf: [] for pf in DECODE_CANDIDATES}
     with background.quiet_for_timing():
-        for _ in range(PREFETCH_ROUNDS):
-            for pf in PREFETCH_CANDIDATES:
+        for _ in range(DECODE_ROUNDS):
+            for pf in DECODE_CANDIDATES:
                 times[pf].append(timer(pf))
     med = {pf: statistics.median(t) for pf, t in times.items()}
     best = min(med, key=med.get)
-    wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[NO_PREFETCH]))
-    noisy = best != NO_PREFETCH and 2 * wins <= PREFETCH_ROUNDS
-    if med[NO_PREFETCH] <= med[best] * MIN_GAIN or noisy:
-        best = NO_PREFETCH
-    return best, {**{prefetch_name(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
+    wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[DEFAULT_DECODE]))
+    noisy = best != DEFAULT_DECODE and 2 * wins <= DECODE_ROUNDS
+    if med[DEFAULT_DECODE] <= med[best] * MIN_GAIN or noisy:
+        best = DEFAULT_DECODE
+    return best, {**{setting_name(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
 
 
-def _cold_decode_timer(isa: str) -> Callable[[DecodePrefetch], float]:
+def _cold_decode_timer(isa: str) -> Callable[[DecodeSetting], float]:
     op, K, n, G = OPS["int4_mm"], 4096, 2048, 128
     qw, s, z = _random_weights(op, K, n, G)
     copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, cold_bytes() // qw.nbytes))]
@@ -351,8 +354,8 @@ def _cold_decode_timer(isa: str) -> Callable[[DecodePrefetch], float]:
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
     kern(x, qw, s, z, None, G, n, plan=base)  # built and warm before the clock
 
-    def timer(pf: DecodePrefetch) -> float:
-        plan = dataclasses.replace(base, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
+    def timer(pf: DecodeSetting) -> float:
+        plan = base.with_decode(pf)
         t0 = time.perf_counter()
         for q in copies:
             kern(x, q, s, z, None, G, n, plan=plan)

@@ -25,7 +25,7 @@ from ..schemes import Op
 from .. import families
 from ..schemes import GATE_UP_SILU, LINEAR, op_for
 from . import background, cache_key, hugepages, native, tuner
-from .plan import NEVER, NO_PREFETCH, THRESHOLDS, DecodePrefetch, Plan, default_plan, forced_plan  # noqa: F401
+from .plan import NEVER, DEFAULT_DECODE, THRESHOLDS, DecodeSetting, Plan, default_plan, forced_plan  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ def _write(path: str, data: dict) -> None:
 
 _lock = threading.Lock()
 _memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
-_prefetch_memo: Dict[Tuple[int, str], DecodePrefetch] = {}  # (threads, isa) -> the decode kernels' prefetch
+_decode_memo: Dict[Tuple[int, str], DecodeSetting] = {}  # (threads, isa) -> the decode kernels' prefetch
 _final: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan_for's answer (with the machine's params)
 
 
@@ -138,44 +138,43 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
 
 
 def _with_machine_params(plan: Plan, isa: str, x_dtype: torch.dtype) -> Plan:
-    """``plan`` with the machine's measured decode prefetch (bf16 x: the kernels it steers)."""
+    """``plan`` with the machine's measured decode setting (bf16 x: the kernels it steers)."""
     if x_dtype != torch.bfloat16:
         return plan
-    pf = decode_prefetch(isa)
-    return dataclasses.replace(plan, decode_prefetch=pf.distance, prefetch_next_tile=pf.next_tile)
+    return plan.with_decode(decode_setting(isa))
 
 
-def decode_prefetch(isa: str, remeasure: bool = False) -> DecodePrefetch:
-    """The decode kernels' software prefetch on this machine: the cached measurement (one per
-    machine key and ISA), measured now where there is none (an entry written before the next-tile
+def decode_setting(isa: str, remeasure: bool = False) -> DecodeSetting:
+    """The decode kernels' setting on this machine (prefetch, int16 x): the cached measurement (one
+    per machine key and ISA), measured now where there is none (an entry written before the int16 x
     choice existed counts as none) and ``config.tune == "auto"`` (or ``remeasure``), else none. A
     machine property, not a shape's: every cached and tuned bf16 plan carries it."""
     key = (threads(), str(isa))
-    if key in _prefetch_memo and not remeasure:
-        return _prefetch_memo[key]
-    path, name = cache_path(), f"decode_prefetch/{isa}"
+    if key in _decode_memo and not remeasure:
+        return _decode_memo[key]
+    path, name = cache_path(), f"decode_setting/{isa}"
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
-    if isinstance(entry, dict) and "next_tile" not in entry:
+    if isinstance(entry, dict) and not {"next_tile", "int16_x"} <= set(entry):
         entry = None
     if entry is None and not remeasure and config.tune != "auto":
-        return NO_PREFETCH
+        return DEFAULT_DECODE
     if entry is None:
-        value, times = tuner.tune_decode_prefetch(isa)
+        value, times = tuner.tune_decode_setting(isa)
         _final.clear()
         with _lock:
             data = _read(path)
             data["machine"] = cache_key.machine(threads(), hugepages.in_use())
             data.setdefault("machine_params", {})[name] = {"bytes": value.distance, "next_tile": value.next_tile,
-                                                           "times_ms": times}
+                                                           "int16_x": value.int16_x, "times_ms": times}
             _write(path, data)
-        log.info("awq_inductor: decode prefetch on this machine: %s (%s)", tuner.prefetch_name(value), times)
+        log.info("awq_inductor: decode setting on this machine: %s (%s)", tuner.setting_name(value), times)
     else:
         try:
-            value = DecodePrefetch(int(entry["bytes"]), int(entry["next_tile"]))
+            value = DecodeSetting(int(entry["bytes"]), int(entry["next_tile"]), int(entry["int16_x"]))
         except (KeyError, TypeError, ValueError):
             log.warning("awq_inductor: ignoring the malformed %s entry in %s", name, path)
-            return NO_PREFETCH
-    _prefetch_memo[key] = value
+            return DEFAULT_DECODE
+    _decode_memo[key] = value
     return value
 
 
@@ -194,7 +193,7 @@ def forget() -> None:
     """Drop the per-process plans (tests: the next lookup reads the cache again)."""
     with _lock:
         _memo.clear()
-        _prefetch_memo.clear()
+        _decode_memo.clear()
         _final.clear()
     cache_key.machine_key.cache_clear()
 
@@ -277,7 +276,7 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
         native.get_kernel(name, x_dtype, isa)
     with background.quiet_for_timing():
         if x_dtype == torch.bfloat16:
-            decode_prefetch(isa)  # once per machine: measured here, at load, where not cached
+            decode_setting(isa)  # once per machine: measured here, at load, where not cached
         for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
             _measure(s, isa, x_dtype)
     return len(todo)
@@ -292,7 +291,7 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
 
     isa = isa or isa_mod.select()
     if x_dtype == torch.bfloat16:
-        decode_prefetch(isa, remeasure=retune)
+        decode_setting(isa, remeasure=retune)
     out = []
     for s in track(shapes, "tuning kernels", show=show, unit="shape"):
         key = s.key(isa, x_dtype)
