@@ -129,8 +129,12 @@ def paired_share(mop, H, I, G, op_times, experts, probe_times, probe_bytes) -> f
 
 #: --plans: "tuned" is the per-machine plan (config.tune; plan_for), "constants" forces the
 #: thresholds the experts used before they took the tuned plans (awq::Thresholds{} defaults),
-#: "no_next_tile" is the tuned plan without the next-tile prefetch (Thresholds::prefetch_next_tile)
-PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}, "no_next_tile": None}
+#: "no_next_tile" is the tuned plan without the next-tile prefetch (Thresholds::prefetch_next_tile),
+#: "bf16_x" the tuned plan with the decode rows on bf16 x (Thresholds::decode_int16 off)
+PLANS = {"tuned": None, "constants": {"amx_min_m": 5, "panel_min_m": 8, "bf16_f32_min_m": 9}, "no_next_tile": None,
+         "bf16_x": None}
+#: the tuned-plan variants: the fields they replace
+TUNED_OVERRIDES = {"no_next_tile": {"prefetch_next_tile": 0}, "bf16_x": {"decode_int16": 0}}
 
 
 #: --model presets: (hidden, experts, topk, moe_inter, layers)
@@ -164,14 +168,14 @@ def qwen3_moe_config(a):
 @contextlib.contextmanager
 def _experts_plans(pl: str):
     """The experts' GEMMs with their tuned plans, or (``constants``) with the fixed thresholds they
-    used before, or (``no_next_tile``) tuned without the next-tile prefetch (moe.expert_plans
+    used before, or tuned with one field replaced (:data:`TUNED_OVERRIDES`; moe.expert_plans
     swapped; only the experts op, the dense linears keep theirs)."""
     if pl == "tuned":
         yield
         return
-    if pl == "no_next_tile":
-        tuned = moe.expert_plans
-        plans = lambda *args: tuple(dataclasses.replace(p, prefetch_next_tile=0) for p in tuned(*args))  # noqa: E731
+    if pl in TUNED_OVERRIDES:
+        tuned, fields = moe.expert_plans, TUNED_OVERRIDES[pl]
+        plans = lambda *args: tuple(dataclasses.replace(p, **fields) for p in tuned(*args))  # noqa: E731
     else:
         const = kplan.forced_plan(PLANS[pl])
         plans = lambda *args: (const, const)  # noqa: E731

@@ -69,27 +69,30 @@ def test_a_failing_background_build_is_not_raised_in_the_thread(caplog):
 
 
 def test_tune_missing_times_inside_one_quiet_block(monkeypatch):
-    """The tuner at load holds background builds off for all its shapes, not shape by shape."""
+    """The tuner at load holds background builds off for all its shapes, not shape by shape (and for
+    the machine's decode setting, measured first: the shapes' plans hold under it)."""
     import torch
 
     from awq_inductor import config
-    from awq_inductor.kernels import isa as isa_mod, native, tuning_cache
+    from awq_inductor.kernels import isa as isa_mod, native, plan as kplan, tuning_cache
     from awq_inductor.schemes import GATE_UP_SILU, LINEAR, op_for
 
     if not isa_mod.select().avx512_bf16 or native.emulated(isa_mod.select()):
         pytest.skip("the tuner measures only where the AVX512-BF16 kernels run natively")
     depth = []
     monkeypatch.setattr(config, "tune", "auto")
-    monkeypatch.setattr(tuning_cache, "_cached", lambda path, key: None)
+    monkeypatch.setattr(tuning_cache, "_cached", lambda path, key, decode=None: None)
     monkeypatch.setattr(tuning_cache, "_memo", {})
-    monkeypatch.setattr(tuning_cache, "decode_prefetch", lambda isa: depth.append(background._measuring))
+    monkeypatch.setattr(tuning_cache, "decode_setting",
+                        lambda isa: (depth.append(background._measuring), kplan.DEFAULT_DECODE)[1])
     monkeypatch.setattr(tuning_cache, "_measure", lambda s, isa, dt: depth.append(background._measuring))
     monkeypatch.setattr(native, "get_kernel", lambda *a: depth.append(("built", background._measuring)))
     shapes = [tuning_cache.Shape(op_for(None, LINEAR), 256, 256, 64),
               tuning_cache.Shape(op_for(None, GATE_UP_SILU), 256, 512, 64)]
     assert tuning_cache.tune_missing(shapes, torch.bfloat16, show=False) == 2
-    assert [d for d in depth if isinstance(d, tuple)] == [("built", 0), ("built", 0)]  # before the block
-    assert [d for d in depth if not isinstance(d, tuple)] == [1, 1, 1]  # prefetch + 2 shapes, one block
+    assert depth[:2] == [("built", 0), 1]  # the decode kernel built, then its setting measured
+    assert depth[2:4] == [("built", 0), ("built", 0)]  # the shapes' kernels, before their block
+    assert depth[4:] == [1, 1]  # 2 shapes, one block
 
 
 def test_warm_compiler_picks_inductors_isa_and_builds_no_header(tmp_path):

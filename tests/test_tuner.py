@@ -131,6 +131,26 @@ def test_tuned_plan_round_trips_through_disk(tune_dir):
         assert tuning_cache.plan_for(W4A16, "avx512", torch.bfloat16, 256, 128, 64).source == "default"
 
 
+def test_shapes_are_timed_and_cached_under_the_machines_decode_setting(tune_dir):
+    """Every candidate of a shape runs with the machine's decode setting (the one its plans carry),
+    the cache entry records it, and an entry measured under another setting is not used."""
+    seen = []
+
+    def timer(path, plan, M):
+        seen.append((plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16))
+        return 1.0
+
+    dec = kplan.DecodeSetting(1024, 0, 1)
+    plan, times = tuner.tune_shape(W4A16, "avx512", torch.bfloat16, 256, 128, 64, timer=timer, decode=dec)
+    assert seen and set(seen) == {tuple(dec)}
+    key = tuning_cache.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
+    tuning_cache.store(key, plan, times, decode=dec)
+    path = tuning_cache.cache_path()
+    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1]
+    assert tuning_cache._cached(path, key, dec) is not None
+    assert tuning_cache._cached(path, key, kplan.DEFAULT_DECODE) is None  # measured under another setting
+
+
 def test_plan_for_tunes_once_then_remembers(tune_dir, monkeypatch):
     made = []
 

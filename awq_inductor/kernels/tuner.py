@@ -242,13 +242,17 @@ def noisy_buckets(cands: Dict[str, Plan], times: Dict[str, Dict[int, float]], ti
 
 
 def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, G: int,
-               timer: Optional[Timer] = None, m_buckets: Iterable[int] = M_BUCKETS) -> Tuple[Plan, dict]:
-    """(the measured plan, the timings in ms per path and M) for one shape. Where the check of
+               timer: Optional[Timer] = None, m_buckets: Iterable[int] = M_BUCKETS,
+               decode: DecodeSetting = DEFAULT_DECODE) -> Tuple[Plan, dict]:
+    """(the measured plan, the timings in ms per path and M) for one shape, every candidate run with
+    the machine's ``decode`` setting (the one its plans will carry: the decode path timed without
+    its prefetch and int16 x ran at 49% of the read probe where it runs at 80%, and lost M = 1 of
+    4096 x 4096 to the fp32 rows on the AMX Xeon at 38%, benchmarks/results/decode_int16_1204.md). Where the check of
     :func:`noisy_buckets` fails for more than a quarter of the buckets, the plan is the constants
     (``source="noisy"``; cached as such, so later processes neither pay for measuring again nor
     see their cache keys change: ``python -m awq_inductor tune`` measures those shapes again)."""
     m_buckets = list(m_buckets)
-    cands = candidates(op, isa, x_dtype)
+    cands = {path: plan.with_decode(decode) for path, plan in candidates(op, isa, x_dtype).items()}
     timer = timer or kernel_timer(op, isa, x_dtype, K, out_features, G)
     with background.quiet_for_timing():
         times = measure(cands, timer, m_buckets)

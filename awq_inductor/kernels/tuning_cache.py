@@ -80,13 +80,16 @@ _decode_memo: Dict[Tuple[int, str], DecodeSetting] = {}  # (threads, isa) -> the
 _final: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan_for's answer (with the machine's params)
 
 
-def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None) -> None:
-    """Add one shape's plan to the cache file (read, merge, atomic write) and to this process."""
+def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None,
+          decode: DecodeSetting = DEFAULT_DECODE) -> None:
+    """Add one shape's plan to the cache file (read, merge, atomic write) and to this process;
+    ``decode``: the machine's decode setting its candidates ran with (the entry holds only under it)."""
     path = cache_path(n_threads)
     with _lock:
         data = _read(path)
         data["machine"] = cache_key.machine(n_threads or threads(), hugepages.in_use())
-        data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "times_ms": times}
+        data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "decode": list(decode),
+                              "times_ms": times}
         _write(path, data)
         _memo[(n_threads or threads(), key)] = dataclasses.replace(plan, source="tuned")
         _final.pop((n_threads or threads(), key), None)
@@ -96,9 +99,11 @@ def _is_noisy(path: str, key: str) -> bool:
     return bool(_read(path)["plans"].get(key, {}).get("noisy"))
 
 
-def _cached(path: str, key: str) -> Optional[Plan]:
+def _cached(path: str, key: str, decode: DecodeSetting = DEFAULT_DECODE) -> Optional[Plan]:
+    """The cached plan of ``key``, or None: none cached, or measured under another decode setting
+    than the machine's ``decode`` now (an entry without one: the constants')."""
     entry = _read(path)["plans"].get(key)
-    if entry is None:
+    if entry is None or list(entry.get("decode", DEFAULT_DECODE)) != list(decode):
         return None
     try:
         return Plan(**{k: int(entry[k]) for k in THRESHOLDS}, source="cached")
@@ -122,11 +127,12 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     plan = _memo.get((threads(), key))
     if plan is None:
         path = cache_path()
-        plan = _cached(path, key)
+        decode = _machine_decode(isa, x_dtype)
+        plan = _cached(path, key, decode)
         if plan is None and config.tune == "auto":
             t0 = time.perf_counter()
-            plan, times = tuner.tune_shape(op, isa, x_dtype, K, out_features, G)
-            store(key, plan, times)
+            plan, times = tuner.tune_shape(op, isa, x_dtype, K, out_features, G, decode=decode)
+            store(key, plan, times, decode=decode)
             if plan.source != "noisy":  # (tune_shape has said why it kept the constants)
                 log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
                             key, time.perf_counter() - t0, plan.thresholds(), path)
@@ -137,11 +143,14 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     return final
 
 
+def _machine_decode(isa: str, x_dtype: torch.dtype) -> DecodeSetting:
+    """The decode setting the plans of ``x_dtype`` carry on this machine (bf16 x: the kernels it steers)."""
+    return decode_setting(isa) if x_dtype == torch.bfloat16 else DEFAULT_DECODE
+
+
 def _with_machine_params(plan: Plan, isa: str, x_dtype: torch.dtype) -> Plan:
     """``plan`` with the machine's measured decode setting (bf16 x: the kernels it steers)."""
-    if x_dtype != torch.bfloat16:
-        return plan
-    return plan.with_decode(decode_setting(isa))
+    return plan if x_dtype != torch.bfloat16 else plan.with_decode(_machine_decode(isa, x_dtype))
 
 
 def decode_setting(isa: str, remeasure: bool = False) -> DecodeSetting:
@@ -213,8 +222,9 @@ class Shape:
 
 def _measure(s: Shape, isa: str, x_dtype: torch.dtype) -> Plan:
     """Time the candidate paths of ``s`` now and cache the plan (file and process)."""
-    plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G)
-    store(s.key(isa, x_dtype), plan, times)
+    decode = _machine_decode(isa, x_dtype)
+    plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G, decode=decode)
+    store(s.key(isa, x_dtype), plan, times, decode=decode)
     return plan
 
 
@@ -267,16 +277,18 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
         return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
     path, n = cache_path(), threads()
+    decode = DEFAULT_DECODE
+    if x_dtype == torch.bfloat16:  # once per machine, here at load where not cached: the shapes' plans hold under it
+        native.get_kernel(op_for(None, LINEAR).name, x_dtype, isa)
+        with background.quiet_for_timing():
+            decode = decode_setting(isa)
     todo = [s for s in dict.fromkeys(shapes)
-            if (n, s.key(isa, x_dtype)) not in _memo and _cached(path, s.key(isa, x_dtype)) is None]
+            if (n, s.key(isa, x_dtype)) not in _memo and _cached(path, s.key(isa, x_dtype), decode) is None]
     # the kernels are built first, beside any background build (a g++ each); then one quiet block
     # for all the timing, so a background build cannot start between two shapes and hold up the next
-    decode_op = [op_for(None, LINEAR).name] if x_dtype == torch.bfloat16 else []  # the prefetch measurement's
-    for name in dict.fromkeys(decode_op + [s.op.name for s in todo]):
+    for name in dict.fromkeys(s.op.name for s in todo):
         native.get_kernel(name, x_dtype, isa)
     with background.quiet_for_timing():
-        if x_dtype == torch.bfloat16:
-            decode_setting(isa)  # once per machine: measured here, at load, where not cached
         for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
             _measure(s, isa, x_dtype)
     return len(todo)
@@ -295,7 +307,7 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
     out = []
     for s in track(shapes, "tuning kernels", show=show, unit="shape"):
         key = s.key(isa, x_dtype)
-        plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key)
+        plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key, _machine_decode(isa, x_dtype))
         out.append((s, plan or _measure(s, isa, x_dtype)))
     return out
 
