@@ -55,13 +55,14 @@ class Scheme:
     header: str                     # csrc_templates/schemes/<...>: the scheme's plan for the driver
     driver: str                     # C++ entry name of the driver for this scheme (golden regions)
     note: str = ""                  # appended to the op name in the generated code's comment
+    int16_x: bool = False           # its decode rows can run bf16 x as int16 fixed point (DecodeSetting.int16_x)
 
 
 W4A16 = Scheme(
     name="w4a16", act_quant=None, op_prefix="int4_mm", moe_name="int4_moe", weights=(QWEIGHT, SCALES, ZEROS),
     k_per_row=2, row_bytes=packing.BLOCK_N, group_multiple=2,
     pack=packing.pack_for_kernel, unpack=packing.unpack_from_kernel,
-    header="schemes/w4a16.h.j2", driver="int4_mm_driver")
+    header="schemes/w4a16.h.j2", driver="int4_mm_driver", int16_x=True)
 W4A8 = Scheme(
     name="w4a8", act_quant="int8", op_prefix="int4_mm_a8", moe_name="int4_moe_a8", weights=(QWEIGHT, SCALES, ZEROS, COMP),
     k_per_row=4, row_bytes=2 * packing.BLOCK_N, group_multiple=packing.A8_KSTEP,

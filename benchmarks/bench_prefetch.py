@@ -4,8 +4,8 @@
     python benchmarks/bench_prefetch.py --ops int4_mm --shapes 4096x4096 --m 1,2 --threads 1,2
     python benchmarks/bench_prefetch.py --smoke
 
-Every setting of ``kernels.tuner.DECODE_CANDIDATES`` (distance within each weight stream, next N
-tile into L2, bf16 or int16 x) is one method: the op's eager kernel called with the per-machine plan
+Every setting of ``kernels.tuner.decode_candidates`` of the op's scheme (distance within each
+weight stream, next N tile into L2, bf16 or int16 x where the scheme has that choice) is one method: the op's eager kernel called with the per-machine plan
 of the shape, only the decode fields replaced (outputs checked bit-identical to no prefetch with the
 same x first). The methods and one
 pass of ``bw_probe`` (256 MiB, same threads) are interleaved in every rep, in alternating order,
@@ -43,11 +43,11 @@ def time_settings(op_name: str, K: int, N: int, M: int, threads: int, reps: int,
     cold = [hugepages.copy_on_huge_pages(w[0]) for _ in range(max(2, cold_bytes // w[0].nbytes))]
     (probe,), pbytes = bw_probe.stream_calls(threads, probe_bytes)
     base = tuning_cache.plan_for(op, isa, torch.bfloat16, K, N, G)
-    plans = {tuner.setting_name(pf): base.with_decode(pf)
-             for pf in tuner.DECODE_CANDIDATES}
+    settings = tuner.decode_candidates(op.scheme)
+    plans = {tuner.setting_name(pf): base.with_decode(pf) for pf in settings}
     x = torch.randn(M, K).bfloat16()
     ref = {i: kern(x, *w, None, G, N, plan=base.with_decode(tuner.DecodeSetting(0, 0, i))) for i in (0, 1)}
-    for pf in tuner.DECODE_CANDIDATES:
+    for pf in settings:
         name = tuner.setting_name(pf)
         if not torch.equal(kern(x, *w, None, G, N, plan=plans[name]), ref[pf.int16_x]):
             raise AssertionError(f"{op_name} {K}x{N} M={M}: prefetch setting {name} changed the output")

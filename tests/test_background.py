@@ -84,7 +84,7 @@ def test_tune_missing_times_inside_one_quiet_block(monkeypatch):
     monkeypatch.setattr(tuning_cache, "_cached", lambda path, key, decode=None: None)
     monkeypatch.setattr(tuning_cache, "_memo", {})
     monkeypatch.setattr(tuning_cache, "decode_setting",
-                        lambda isa: (depth.append(background._measuring), kplan.DEFAULT_DECODE)[1])
+                        lambda isa, scheme: (depth.append(background._measuring), kplan.DEFAULT_DECODE)[1])
     monkeypatch.setattr(tuning_cache, "_measure", lambda s, isa, dt: depth.append(background._measuring))
     monkeypatch.setattr(native, "get_kernel", lambda *a: depth.append(("built", background._measuring)))
     shapes = [tuning_cache.Shape(op_for(None, LINEAR), 256, 256, 64),

@@ -237,9 +237,11 @@ def test_bench_prefetch_smoke():
     """Every prefetch setting of the tuner's candidates and the probe timed, per op."""
     mod = _load_bench("bench_prefetch")
     rows = mod.main(["--smoke"])
+    from awq_inductor import schemes
     from awq_inductor.kernels import tuner
 
     assert [r["op"] for r in rows] == ["int4_mm", "int4_mm_a8"]
     for r in rows:
-        assert set(r["GBps"]) == {tuner.setting_name(pf) for pf in tuner.DECODE_CANDIDATES} | {"probe"}
+        settings = tuner.decode_candidates(schemes.OPS[r["op"]].scheme)
+        assert set(r["GBps"]) == {tuner.setting_name(pf) for pf in settings} | {"probe"}
         assert all(v > 0 for v in r["GBps"].values())

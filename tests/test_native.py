@@ -318,7 +318,7 @@ def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
         ref = {i: kern(x, *w, None, 64, N, plan=base.with_decode(kplan.DEFAULT_DECODE._replace(int16_x=i)))
                for i in (0, 1)}
-        for pf in tuner.DECODE_CANDIDATES:
+        for pf in tuner.decode_candidates(op.scheme):
             plan = base.with_decode(pf)
             assert torch.equal(kern(x, *w, None, 64, N, plan=plan), ref[pf.int16_x]), (M, pf)
 

@@ -317,7 +317,7 @@ def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch
                            for p in kplan.candidates(op, isa, x_dtype)})
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
-    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa: (kplan.DecodeSetting(512, 1, 1), {}))
+    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: (kplan.DecodeSetting(512, 1, 1), {}))
     q, z, s = random_canonical(128, 256, 64)
     lin = AWQLinear.from_canonical(q, z, s, group_size=64)
     x = torch.randn(3, 256).to(torch.bfloat16)
@@ -459,24 +459,25 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         calls.append(pf)
         return fast[pf] * 1e-3
 
-    assert tuner.tune_decode_setting(isa, timer)[0] == DP(1024, 1, 1)
+    assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(1024, 1, 1)
     assert len(calls) == len(tuner.DECODE_CANDIDATES) * tuner.DECODE_ROUNDS
     assert DP(0, 1) in tuner.DECODE_CANDIDATES and DP(2048, 0) in tuner.DECODE_CANDIDATES
     assert {pf._replace(int16_x=1) for pf in tuner.DECODE_CANDIDATES} <= set(tuner.DECODE_CANDIDATES)
     # int16 x alone, without a prefetch: chosen where it is clearly faster
-    assert tuner.tune_decode_setting(isa, lambda pf: (1.0 - 0.2 * pf.int16_x) * 1e-3)[0] == DP(0, 0, 1)
+    assert tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf: (1.0 - 0.2 * pf.int16_x) * 1e-3)[0] == DP(0, 0, 1)
     flat = {pf: 1.0 for pf in fast}
-    assert tuner.tune_decode_setting(isa, lambda pf: flat[pf] * 1e-3)[0] == kplan.DEFAULT_DECODE  # no gain: none
+    assert tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf: flat[pf] * 1e-3)[0] == kplan.DEFAULT_DECODE  # no gain: none
     # by median a setting is 2x faster, but it beats none in 1 round of 5 (the rounds disagree): not trusted
     n = len(tuner.DECODE_CANDIDATES)
     rounds = iter([1.0] + [2.0] * (n - 1) + [1.0] + [2.0] * (n - 1) + [1.0] + [0.5] * (n - 1)
                   + ([0.1] + [0.5] * (n - 1)) * 2)
-    best, times = tuner.tune_decode_setting(isa, lambda pf: next(rounds))
+    best, times = tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf: next(rounds))
     assert best == kplan.DEFAULT_DECODE and times["noisy"] and times["512"] < times["0"]
 
     measured = []
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(tuner, "tune_decode_setting", lambda isa: (measured.append(isa), (DP(512, 1, 1), {"0": 2.0}))[1])
+    monkey.setattr(tuner, "tune_decode_setting",
+                   lambda isa, scheme: (measured.append(isa), (DP(512, 1, 1), {"0": 2.0}))[1])
     try:
         digest = tuning_cache.cache_digest()
         assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and tuning_cache.decode_setting(isa) == DP(512, 1, 1)
@@ -484,15 +485,15 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         tuning_cache.forget()
         assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 1  # from the file
         plan = kplan.Plan(5, 8, 9, source="cached")
-        tuned = tuning_cache._with_machine_params(plan, isa, torch.bfloat16)
+        tuned = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
         assert (tuned.decode_prefetch, tuned.prefetch_next_tile, tuned.decode_int16) == (512, 1, 1)
         assert tuned.cxx_args()[-3:] == (512, 1, 1)
-        fp32 = tuning_cache._with_machine_params(plan, isa, torch.float32)
+        fp32 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.float32)
         assert (fp32.decode_prefetch, fp32.prefetch_next_tile, fp32.decode_int16) == (0, 0, 0)
         # an entry written before the int16 x choice: measured again
         path = tuning_cache.cache_path()
         data = json.loads(open(path).read())
-        data["machine_params"][f"decode_setting/{isa}"] = {"bytes": 1024, "next_tile": 0, "times_ms": {}}
+        data["machine_params"][f"decode_setting/{isa}/w4a16"] = {"bytes": 1024, "next_tile": 0, "times_ms": {}}
         open(path, "w").write(json.dumps(data))
         tuning_cache.forget()
         assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 2
@@ -502,6 +503,36 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
             assert (plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16) == (0, 0, 0)
     finally:
         monkey.undo()
+
+
+def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
+    """W4A16 and W4A8 decode kernels are tuned apart (their loops want other prefetch streams): each
+    scheme's setting is measured once, cached under its own name, and carried by that scheme's plans
+    only; W4A8, which has no int16 x choice, is never timed with one."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    isa, DP = isa_mod.select(), kplan.DecodeSetting
+    assert all(not pf.int16_x for pf in tuner.decode_candidates(W4A8.scheme))
+    assert set(tuner.decode_candidates(W4A16.scheme)) == set(tuner.DECODE_CANDIDATES)
+    timed = {}
+
+    def timer_for(scheme):
+        best = DP(2048, 0, 1) if scheme is W4A16.scheme else DP(1024, 1, 0)
+        return lambda pf: (timed.setdefault(scheme.name, set()).add(pf), 0.5e-3 if pf == best else 1e-3)[1]
+
+    real = tuner.tune_decode_setting
+    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: real(isa, scheme, timer_for(scheme)))
+    assert tuning_cache.decode_setting(isa, W4A8.scheme) == DP(1024, 1, 0)
+    assert tuning_cache.decode_setting(isa, W4A16.scheme) == DP(2048, 0, 1)
+    assert timed["w4a8"] == set(tuner.decode_candidates(W4A8.scheme))
+    params = json.loads(open(tuning_cache.cache_path()).read())["machine_params"]
+    assert {f"decode_setting/{isa}/w4a16", f"decode_setting/{isa}/w4a8"} <= set(params)
+    tuning_cache.forget()
+    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: pytest.fail("measured again"))
+    plan = kplan.Plan(5, 8, 9, source="cached")
+    a8 = tuning_cache._with_machine_params(plan, W4A8.scheme, isa, torch.bfloat16)
+    a16 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
+    assert a8.cxx_args()[-3:] == (1024, 1, 0) and a16.cxx_args()[-3:] == (2048, 0, 1)
 
 
 @pytest.mark.parametrize("l3,want", [(32 << 20, 96 << 20), (8 << 20, 64 << 20), (480 << 20, 256 << 20),

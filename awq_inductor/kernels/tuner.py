@@ -42,7 +42,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..schemes import OPS, W4A8, Op
+from ..schemes import LINEAR, W4A8, W4A16, Op, Scheme
 from . import background, dense, hugepages, native
 from .plan import NEVER, DEFAULT_DECODE, DecodeSetting, Plan, candidate_of, candidates, default_plan, path_for
 
@@ -321,24 +321,35 @@ DECODE_CANDIDATES = tuple(DecodeSetting(d, t, i) for i in (0, 1) for t in (0, 1)
 DECODE_ROUNDS = 5
 
 
+def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
+    """The settings of :data:`DECODE_CANDIDATES` that change ``scheme``'s decode kernels: all of them,
+    or those with bf16 x where the scheme has no int16 x choice (``Scheme.int16_x``)."""
+    return tuple(pf for pf in DECODE_CANDIDATES if scheme.int16_x or not pf.int16_x)
+
+
 def setting_name(setting: DecodeSetting) -> str:
     """``"1024"``, ``"0+next_tile"``, ``"512+int16"``: a setting's key in the cached timings."""
     return f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
 
 
-def tune_decode_setting(isa: str, timer: Optional[Callable[[DecodeSetting], float]] = None
+def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callable[[DecodeSetting], float]] = None
                         ) -> Tuple[DecodeSetting, dict]:
-    """(setting, {setting name: ms per call, "noisy": bool}) for this machine: the W4A16 bf16 decode
-    kernel at M = 1 (4096 x 2048, G = 128), each setting of :data:`DECODE_CANDIDATES` timed over
-    cold copies of the weights, interleaved in :data:`DECODE_ROUNDS` rounds (median per setting).
-    A setting replaces the constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`) only if
-    its median is ``MIN_GAIN`` faster and it beats them in most rounds: a busy machine (another job
-    on the 2 cores once made every call 20x slower) keeps the constants and is marked noisy. ``timer`` (tests): setting -> seconds per call."""
-    timer = timer or _cold_decode_timer(isa)
-    times: Dict[DecodeSetting, List[float]] = {pf: [] for pf in DECODE_CANDIDATES}
+    """(setting, {setting name: ms per call, "noisy": bool}) for ``scheme`` on this machine: its linear
+    op's bf16 decode kernel at M = 1 (4096 x 2048, G = 128), each setting of :func:`decode_candidates`
+    timed over cold copies of the weights, interleaved in :data:`DECODE_ROUNDS` rounds (median per
+    setting). A setting replaces the constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`)
+    only if its median is ``MIN_GAIN`` faster and it beats them in most rounds: a busy machine
+    (another job on the 2 cores once made every call 20x slower) keeps the constants and is marked
+    noisy. Why per scheme: the W4A8 loop issues fewer instructions per weight byte and wants other
+    streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
+    4096, bench_prefetch.py: W4A16 best 2 KB + int16 x 81 / 79%, next tile 76-78%; W4A8 2 KB 90 /
+    84%, 1 KB + next tile 98 / 90%). ``timer`` (tests): setting -> seconds per call."""
+    timer = timer or _cold_decode_timer(isa, scheme)
+    settings = decode_candidates(scheme)
+    times: Dict[DecodeSetting, List[float]] = {pf: [] for pf in settings}
     with background.quiet_for_timing():
         for _ in range(DECODE_ROUNDS):
-            for pf in DECODE_CANDIDATES:
+            for pf in settings:
                 times[pf].append(timer(pf))
     med = {pf: statistics.median(t) for pf, t in times.items()}
     best = min(med, key=med.get)
@@ -349,20 +360,20 @@ def tune_decode_setting(isa: str, timer: Optional[Callable[[DecodeSetting], floa
     return best, {**{setting_name(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
 
 
-def _cold_decode_timer(isa: str) -> Callable[[DecodeSetting], float]:
-    op, K, n, G = OPS["int4_mm"], 4096, 2048, 128
-    qw, s, z = _random_weights(op, K, n, G)
+def _cold_decode_timer(isa: str, scheme: Scheme) -> Callable[[DecodeSetting], float]:
+    op, K, n, G = Op(scheme, LINEAR), 4096, 2048, 128
+    qw, *rest = _random_weights(op, K, n, G)
     copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, cold_bytes() // qw.nbytes))]
     kern = native.get_kernel(op.name, torch.bfloat16, isa)
     x = torch.randn(1, K).to(torch.bfloat16)
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
-    kern(x, qw, s, z, None, G, n, plan=base)  # built and warm before the clock
+    kern(x, qw, *rest, None, G, n, plan=base)  # built and warm before the clock
 
     def timer(pf: DecodeSetting) -> float:
         plan = base.with_decode(pf)
         t0 = time.perf_counter()
         for q in copies:
-            kern(x, q, s, z, None, G, n, plan=plan)
+            kern(x, q, *rest, None, G, n, plan=plan)
         return (time.perf_counter() - t0) / len(copies)
 
     return timer

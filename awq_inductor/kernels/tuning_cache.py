@@ -21,9 +21,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .. import config
-from ..schemes import Op
 from .. import families
-from ..schemes import GATE_UP_SILU, LINEAR, op_for
+from ..schemes import GATE_UP_SILU, LINEAR, W4A16, Op, Scheme, op_for
 from . import background, cache_key, hugepages, native, tuner
 from .plan import NEVER, DEFAULT_DECODE, THRESHOLDS, DecodeSetting, Plan, default_plan, forced_plan  # noqa: F401
 
@@ -76,7 +75,7 @@ def _write(path: str, data: dict) -> None:
 
 _lock = threading.Lock()
 _memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
-_decode_memo: Dict[Tuple[int, str], DecodeSetting] = {}  # (threads, isa) -> the decode kernels' prefetch
+_decode_memo: Dict[Tuple[int, str, str], DecodeSetting] = {}  # (threads, isa, scheme) -> its decode setting
 _final: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan_for's answer (with the machine's params)
 
 
@@ -127,7 +126,7 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     plan = _memo.get((threads(), key))
     if plan is None:
         path = cache_path()
-        decode = _machine_decode(isa, x_dtype)
+        decode = _machine_decode(op.scheme, isa, x_dtype)
         plan = _cached(path, key, decode)
         if plan is None and config.tune == "auto":
             t0 = time.perf_counter()
@@ -137,38 +136,40 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
                 log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
                             key, time.perf_counter() - t0, plan.thresholds(), path)
         if plan is None:
-            return _with_machine_params(default_plan(), isa, x_dtype)
+            return _with_machine_params(default_plan(), op.scheme, isa, x_dtype)
         _memo[(threads(), key)] = plan
-    final = _final[(threads(), key)] = _with_machine_params(plan, isa, x_dtype)
+    final = _final[(threads(), key)] = _with_machine_params(plan, op.scheme, isa, x_dtype)
     return final
 
 
-def _machine_decode(isa: str, x_dtype: torch.dtype) -> DecodeSetting:
-    """The decode setting the plans of ``x_dtype`` carry on this machine (bf16 x: the kernels it steers)."""
-    return decode_setting(isa) if x_dtype == torch.bfloat16 else DEFAULT_DECODE
+def _machine_decode(scheme: Scheme, isa: str, x_dtype: torch.dtype) -> DecodeSetting:
+    """The decode setting the plans of ``scheme`` and ``x_dtype`` carry on this machine (bf16 x: the
+    kernels it steers)."""
+    return decode_setting(isa, scheme) if x_dtype == torch.bfloat16 else DEFAULT_DECODE
 
 
-def _with_machine_params(plan: Plan, isa: str, x_dtype: torch.dtype) -> Plan:
-    """``plan`` with the machine's measured decode setting (bf16 x: the kernels it steers)."""
-    return plan if x_dtype != torch.bfloat16 else plan.with_decode(_machine_decode(isa, x_dtype))
+def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dtype) -> Plan:
+    """``plan`` with the machine's measured decode setting of ``scheme`` (bf16 x: the kernels it steers)."""
+    return plan if x_dtype != torch.bfloat16 else plan.with_decode(_machine_decode(scheme, isa, x_dtype))
 
 
-def decode_setting(isa: str, remeasure: bool = False) -> DecodeSetting:
-    """The decode kernels' setting on this machine (prefetch, int16 x): the cached measurement (one
-    per machine key and ISA), measured now where there is none (an entry written before the int16 x
-    choice existed counts as none) and ``config.tune == "auto"`` (or ``remeasure``), else none. A
-    machine property, not a shape's: every cached and tuned bf16 plan carries it."""
-    key = (threads(), str(isa))
+def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False) -> DecodeSetting:
+    """The decode kernels' setting of ``scheme`` on this machine (prefetch, int16 x): the cached
+    measurement (one per machine key, ISA and scheme), measured now where there is none (an entry
+    written before the int16 x choice existed counts as none) and ``config.tune == "auto"`` (or
+    ``remeasure``), else none. A machine property, not a shape's: every cached and tuned bf16 plan of
+    the scheme carries it."""
+    key = (threads(), str(isa), scheme.name)
     if key in _decode_memo and not remeasure:
         return _decode_memo[key]
-    path, name = cache_path(), f"decode_setting/{isa}"
+    path, name = cache_path(), f"decode_setting/{isa}/{scheme.name}"
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
     if isinstance(entry, dict) and not {"next_tile", "int16_x"} <= set(entry):
         entry = None
     if entry is None and not remeasure and config.tune != "auto":
         return DEFAULT_DECODE
     if entry is None:
-        value, times = tuner.tune_decode_setting(isa)
+        value, times = tuner.tune_decode_setting(isa, scheme)
         _final.clear()
         with _lock:
             data = _read(path)
@@ -222,7 +223,7 @@ class Shape:
 
 def _measure(s: Shape, isa: str, x_dtype: torch.dtype) -> Plan:
     """Time the candidate paths of ``s`` now and cache the plan (file and process)."""
-    decode = _machine_decode(isa, x_dtype)
+    decode = _machine_decode(s.op.scheme, isa, x_dtype)
     plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G, decode=decode)
     store(s.key(isa, x_dtype), plan, times, decode=decode)
     return plan
@@ -277,13 +278,15 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
         return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
     path, n = cache_path(), threads()
-    decode = DEFAULT_DECODE
-    if x_dtype == torch.bfloat16:  # once per machine, here at load where not cached: the shapes' plans hold under it
-        native.get_kernel(op_for(None, LINEAR).name, x_dtype, isa)
-        with background.quiet_for_timing():
-            decode = decode_setting(isa)
-    todo = [s for s in dict.fromkeys(shapes)
-            if (n, s.key(isa, x_dtype)) not in _memo and _cached(path, s.key(isa, x_dtype), decode) is None]
+    decode = {}  # scheme -> its decode setting: once per machine, here at load where not cached (plans hold under it)
+    for scheme in dict.fromkeys(s.op.scheme for s in shapes):
+        decode[scheme] = DEFAULT_DECODE
+        if x_dtype == torch.bfloat16:
+            native.get_kernel(Op(scheme, LINEAR).name, x_dtype, isa)
+            with background.quiet_for_timing():
+                decode[scheme] = decode_setting(isa, scheme)
+    todo = [s for s in dict.fromkeys(shapes) if (n, s.key(isa, x_dtype)) not in _memo
+            and _cached(path, s.key(isa, x_dtype), decode[s.op.scheme]) is None]
     # the kernels are built first, beside any background build (a g++ each); then one quiet block
     # for all the timing, so a background build cannot start between two shapes and hold up the next
     for name in dict.fromkeys(s.op.name for s in todo):
@@ -303,11 +306,13 @@ def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = 
 
     isa = isa or isa_mod.select()
     if x_dtype == torch.bfloat16:
-        decode_setting(isa, remeasure=retune)
+        for scheme in dict.fromkeys(s.op.scheme for s in shapes):
+            decode_setting(isa, scheme, remeasure=retune)
     out = []
     for s in track(shapes, "tuning kernels", show=show, unit="shape"):
         key = s.key(isa, x_dtype)
-        plan = None if retune or _is_noisy(cache_path(), key) else _cached(cache_path(), key, _machine_decode(isa, x_dtype))
+        plan = None if retune or _is_noisy(cache_path(), key) else _cached(
+            cache_path(), key, _machine_decode(s.op.scheme, isa, x_dtype))
         out.append((s, plan or _measure(s, isa, x_dtype)))
     return out
 
