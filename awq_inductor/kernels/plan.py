@@ -41,7 +41,8 @@ DEFAULT_DECODE_PREFETCH = 0
 DEFAULT_NEXT_TILE_PREFETCH = 0
 #: Whether the decode rows run bf16 x as int16 fixed point on VNNI dot products (micro::avx512_int16x,
 #: w4a16 with G <= 4096 and K % G == 0): where vdpbf16ps issues at half the rate of vpdpwssd (the
-#: AMX Xeon: the decode loop from L2 1.0 / 2.4x, cold 1.05-1.10x, benchmarks/results/decode_int16_1204.md).
+#: AMX Xeon: the loop 2.1-2.2x from L2, 1.36x cold on one core; the op 79-85% of the read probe against
+#: 71-79%, benchmarks/results/decode_int16_1205.md).
 #: Off without a measurement (the dpbf16 kernel is what Zen 4 was tuned on); tuned per machine with
 #: the prefetch (kernels/tuner.py tune_decode_setting).
 DEFAULT_DECODE_INT16 = 0

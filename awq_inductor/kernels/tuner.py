@@ -247,7 +247,7 @@ def tune_shape(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int
     """(the measured plan, the timings in ms per path and M) for one shape, every candidate run with
     the machine's ``decode`` setting (the one its plans will carry: the decode path timed without
     its prefetch and int16 x ran at 49% of the read probe where it runs at 80%, and lost M = 1 of
-    4096 x 4096 to the fp32 rows on the AMX Xeon at 38%, benchmarks/results/decode_int16_1204.md). Where the check of
+    4096 x 4096 to the fp32 rows on the AMX Xeon at 38%; the int16 x figures: benchmarks/results/decode_int16_1205.md). Where the check of
     :func:`noisy_buckets` fails for more than a quarter of the buckets, the plan is the constants
     (``source="noisy"``; cached as such, so later processes neither pay for measuring again nor
     see their cache keys change: ``python -m awq_inductor tune`` measures those shapes again)."""

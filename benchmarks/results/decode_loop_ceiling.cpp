@@ -2,7 +2,9 @@
 // micro::avx512_bf16<1, 2> (two panels, k-pair parity accumulators) over L1-resident weights, against
 // the same loop with only the vdpbf16ps and the loads (v2), a byte-unpack variant (v1) and the W4A8
 // vpdpbusd loop (v3). Build and run: g++ -O2 -march=sapphirerapids decode_loop_ceiling.cpp && ./a.out [K]
-// (K 4096: L2-resident; K 4194304: 2 x 64 MiB, cold; -DPF=2048: v0 with the decode kernel's software prefetch)
+// (K 4096: L2-resident; K 4194304: 2 x 64 MiB, cold; -DPF=2048: v0 and v4 with the decode kernel's software prefetch)
+// v4: the int16 x loop of micro::avx512_int16x<1, 2> (vpdpwssd of the broadcast int16 x pair with the
+// zero-extended nibbles; the decode_int16 setting), the same weights and prefetch as v0.
 #include <immintrin.h>
 #include <cstdio>
 #include <cstdint>
@@ -70,11 +72,26 @@ __attribute__((noinline)) void v3(const uint16_t* x, const uint8_t* qw, int64_t 
   }
   __m512i s=_mm512_setzero_si512(); for(auto& a:acc)for(auto& b:a)s=_mm512_add_epi32(s,b); _mm512_storeu_si512(out,s);
 }
+// V4: int16 x (micro::avx512_int16x<1, 2>): vpdpwssd, exact int32 sums
+__attribute__((noinline)) void v4(const uint16_t* x, const uint8_t* qw, int64_t pstride, int64_t kp1, float* out){
+  const __m512i mask4=_mm512_set1_epi16(0xF);
+  __m512i acc[2][2][2]; for(auto& a:acc)for(auto& b:a)for(auto&c:b)c=_mm512_setzero_si512();
+  auto step=[&](int64_t kp,int u)__attribute__((always_inline)){
+    __m512i w[2][2];
+    for(int p=0;p<2;p++){ const uint8_t* src=qw+p*pstride+kp*32; if(PF && !(kp&1)) _mm_prefetch((const char*)src+PF,_MM_HINT_T0);
+      __m512i b=_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)src));
+      w[p][0]=_mm512_and_si512(b,mask4); w[p][1]=_mm512_srli_epi16(b,4);}
+    int32_t pair; memcpy(&pair,x+2*kp,4); __m512i xa=_mm512_set1_epi32(pair);
+    for(int p=0;p<2;p++){acc[u][p][0]=_mm512_dpwssd_epi32(acc[u][p][0],xa,w[p][0]);acc[u][p][1]=_mm512_dpwssd_epi32(acc[u][p][1],xa,w[p][1]);}
+  };
+  for(int64_t kp=0;kp+2<=kp1;kp+=2){step(kp,0);step(kp+1,1);}
+  __m512i s=_mm512_setzero_si512(); for(auto& a:acc)for(auto& b:a)for(auto&c:b)s=_mm512_add_epi32(s,c); _mm512_storeu_si512(out,s);
+}
 int main(int argc,char**argv){
   const int64_t K=argc>1?atol(argv[1]):4096, kp1=K/2, pstride=kp1*32; std::vector<uint8_t> qw(2*pstride, 0x37); std::vector<uint16_t> x(K,0x3f80); float out[16];
   auto run=[&](const char* nm, void(*f)(const uint16_t*,const uint8_t*,int64_t,int64_t,float*)){
     for(int i=0;i<200;i++) f(x.data(),qw.data(),pstride,kp1,out);
     int R=int(std::max<int64_t>(3,20000*4096/K)); double t=now(); for(int i=0;i<R;i++) f(x.data(),qw.data(),pstride,kp1,out); double dt=(now()-t)/R;
     printf("%s: %.2f us/call, %.1f GB/s (bytes 2 panels x %ld)\n", nm, dt*1e6, 2.0*pstride/dt/1e9, pstride); };
-  run("v0 current", v0); run("v1 byte-unpack", v1); run("v2 dpbf16 only", v2); run("v3 vnni", v3);
+  run("v0 current", v0); run("v1 byte-unpack", v1); run("v2 dpbf16 only", v2); run("v3 vnni", v3); run("v4 int16 x", v4);
 }
