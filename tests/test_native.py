@@ -92,6 +92,26 @@ def test_threads_agree(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_threads_share_tiles_exactly(isa):
+    """The driver's units are taken by their thread from the front and by threads that have finished
+    theirs from the back (runtime/driver.h.j2 UnitRange): every tile computed exactly once, so the
+    output is the same bits at any thread count, also with more threads than cores (3, 5: threads
+    preempted mid-call, the others steal), call after call."""
+    N = 64 * 37
+    for M in (1, 3, 40):
+        x, qw, sp, zp, b = _make(M, 256, N, 64, True, torch.bfloat16, seed=M)
+        with config.patch(force_isa=isa):
+            kern = native.get_kernel("int4_mm", torch.bfloat16)
+            with config.patch(num_threads=1):
+                want = kern(x, qw, sp, zp, b, 64, N)
+            for nt in (2, 3, 5):
+                with config.patch(num_threads=nt):
+                    for _ in range(10):
+                        got = kern(x, qw, sp, zp, b, 64, N)
+                        assert torch.equal(got, want), (M, nt, (got != want).nonzero()[:4].tolist())
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_amx_multi_row_bf16(isa):
     """Multi-row bf16 (the AMX path where it exists; GCC 12 tile-config pitfall): several configs in a row."""
     with config.patch(force_isa=isa):
