@@ -6,29 +6,22 @@ the two interleaved (order alternating per rep), with the read probe per rep:
 
 Needs a scratch build whose driver reads an ``extern "C" int awq_steal_mode`` (0: the static split, 1:
 the stealing one) before building the ranges; main has no switch. Results in thread_split_1205.md."""
-import sys, time, statistics, ctypes, torch
-sys.path.insert(0, "/work/main/benchmarks")
+import os, sys, time, statistics, ctypes, torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import bw_probe
-from awq_inductor import testing
-from awq_inductor.kernels import hugepages, isa as isa_mod, native, tuning_cache
-from awq_inductor.schemes import OPS
+from decode_layer_ops import layer_op_setups
+from awq_inductor.kernels import isa as isa_mod, native
+
 th = int(sys.argv[1]); torch.set_num_threads(th)
-isa = isa_mod.select(); G = 128
+isa = isa_mod.select()
 lib = native._library("w4a16", isa, torch.bfloat16, native.emulated(isa))
 mode = ctypes.c_int.in_dll(lib, "awq_steal_mode")
 (probe,), pbytes = bw_probe.stream_calls(th, 256 << 20)
-shapes = [("int4_mm", 4096, 6144, "qkv"), ("int4_mm", 4096, 4096, "o"), ("int4_mm_silu_mul", 4096, 11008, "gate_up"), ("int4_mm", 11008, 4096, "down")]
-setups = []
-for opn, K, N, nm in shapes:
-    op = OPS[opn]; kern = native.get_kernel(op.name, torch.bfloat16, isa)
-    q, z, s = testing.quantize_weight(torch.randn(op.columns(N), K) * 0.05, G)
-    w = op.pack(q, z, s, G, N); nb = sum(t.nbytes for t in w)
-    plan = tuning_cache.plan_for(op, isa, torch.bfloat16, K, N, G)
-    copies = [tuple(hugepages.copy_on_huge_pages(t) for t in w) for _ in range(max(2, (400 << 20) // nb))]
-    x = torch.randn(1, K).bfloat16()
+setups = layer_op_setups(400 << 20)
+for nm, kern, copies, x, G, N, plan, nb in setups:
     y0 = kern(x, *copies[0], None, G, N, plan=plan); mode.value = 1; y1 = kern(x, *copies[0], None, G, N, plan=plan); mode.value = 0
     assert torch.equal(y0, y1), nm
-    setups.append((nm, kern, copies, x, G, N, plan, nb))
 res = {(s[0], m): [] for s in setups for m in (0, 1)}; pr = []
 for rep in range(int(sys.argv[2]) if len(sys.argv) > 2 else 30):
     t0 = time.perf_counter(); probe(); pr.append(pbytes / (time.perf_counter() - t0) / 1e9)
