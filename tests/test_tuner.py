@@ -137,16 +137,16 @@ def test_shapes_are_timed_and_cached_under_the_machines_decode_setting(tune_dir)
     seen = []
 
     def timer(path, plan, M):
-        seen.append((plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16))
+        seen.append((plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16, plan.decode_prefetch_l2))
         return 1.0
 
-    dec = kplan.DecodeSetting(1024, 0, 1)
+    dec = kplan.DecodeSetting(1024, 0, 1, 4096)
     plan, times = tuner.tune_shape(W4A16, "avx512", torch.bfloat16, 256, 128, 64, timer=timer, decode=dec)
     assert seen and set(seen) == {tuple(dec)}
     key = tuning_cache.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
     tuning_cache.store(key, plan, times, decode=dec)
     path = tuning_cache.cache_path()
-    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1]
+    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1, 4096]
     assert tuning_cache._cached(path, key, dec) is not None
     assert tuning_cache._cached(path, key, kplan.DEFAULT_DECODE) is None  # measured under another setting
 
@@ -306,18 +306,19 @@ def _compiled_code(lin, x):
 
 
 @pytest.mark.parametrize("winner,literal", [
-    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1,  // plan: tuned"),
-    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1,  // plan: tuned"),
+    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1, 4096,  // plan: tuned"),
+    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1, 4096,  // plan: tuned"),
 ])
 def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
     """Two candidate timings forced: the compiled kernel's thresholds select the faster one (and
-    carry the machine's decode setting, measured as 512 bytes, the next tile and int16 x here)."""
+    carry the machine's decode setting, measured as 512 bytes, the next tile, int16 x and 4 KB into L2
+    here)."""
     def fake_kernel_timer(op, isa, x_dtype, K, out_features, G):
         return fake_timer({p: (lambda m, p=p: 1.0 if p == winner else 2.0)
                            for p in kplan.candidates(op, isa, x_dtype)})
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
-    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: (kplan.DecodeSetting(512, 1, 1), {}))
+    monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: (kplan.DecodeSetting(512, 1, 1, 4096), {}))
     q, z, s = random_canonical(128, 256, 64)
     lin = AWQLinear.from_canonical(q, z, s, group_size=64)
     x = torch.randn(3, 256).to(torch.bfloat16)
@@ -444,10 +445,11 @@ def test_plans_are_measured_at_load_never_inside_the_first_generate(tune_dir, mo
 
 
 def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_dir):
-    """The decode kernels' setting (prefetch distance, next tile, int16 x) is a machine measurement:
+    """The decode kernels' setting (prefetch distances, next tile, int16 x) is a machine measurement:
     chosen where it is clearly faster, cached beside the plans, carried by every bf16 plan (never by
     fp32 ones), part of the cache file (so of the FX key through cache_digest), the constants under
-    tune="off", and measured again where the cache holds an entry from before the int16 x choice."""
+    tune="off", and measured again where the cache holds an entry from before the int16 x or the L2
+    distance choice."""
     from awq_inductor.kernels import isa as isa_mod
 
     isa = isa_mod.select()
@@ -463,6 +465,10 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
     assert len(calls) == len(tuner.DECODE_CANDIDATES) * tuner.DECODE_ROUNDS
     assert DP(0, 1) in tuner.DECODE_CANDIDATES and DP(2048, 0) in tuner.DECODE_CANDIDATES
     assert {pf._replace(int16_x=1) for pf in tuner.DECODE_CANDIDATES} <= set(tuner.DECODE_CANDIDATES)
+    # the L2 distance: picked where it is clearly faster, carried through the plan into Thresholds
+    l2 = tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf: (fast[pf] - 0.4 * bool(pf.l2_distance)) * 1e-3)[0]
+    assert l2 == DP(1024, 1, 1, tuner.DECODE_L2_DISTANCE)
+    assert kplan.Plan(5, 8, 9).with_decode(l2).cxx_args()[-4:] == (1024, 1, 1, tuner.DECODE_L2_DISTANCE)
     # int16 x alone, without a prefetch: chosen where it is clearly faster
     assert tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf: (1.0 - 0.2 * pf.int16_x) * 1e-3)[0] == DP(0, 0, 1)
     flat = {pf: 1.0 for pf in fast}
@@ -487,7 +493,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         plan = kplan.Plan(5, 8, 9, source="cached")
         tuned = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
         assert (tuned.decode_prefetch, tuned.prefetch_next_tile, tuned.decode_int16) == (512, 1, 1)
-        assert tuned.cxx_args()[-3:] == (512, 1, 1)
+        assert tuned.cxx_args()[-4:] == (512, 1, 1, 0)
         fp32 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.float32)
         assert (fp32.decode_prefetch, fp32.prefetch_next_tile, fp32.decode_int16) == (0, 0, 0)
         # an entry written before the int16 x choice: measured again
@@ -497,6 +503,12 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         open(path, "w").write(json.dumps(data))
         tuning_cache.forget()
         assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 2
+        # and one written before the L2 distance choice: measured again too
+        data["machine_params"][f"decode_setting/{isa}/w4a16"] = {"bytes": 1024, "next_tile": 0, "int16_x": 1,
+                                                                 "times_ms": {}}
+        open(path, "w").write(json.dumps(data))
+        tuning_cache.forget()
+        assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 3
         with config.patch(tune="off"):
             tuning_cache.forget()
             plan = tuning_cache.plan_for(OPS["int4_mm"], isa, torch.bfloat16, 256, 64, 64)
@@ -532,7 +544,7 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
     plan = kplan.Plan(5, 8, 9, source="cached")
     a8 = tuning_cache._with_machine_params(plan, W4A8.scheme, isa, torch.bfloat16)
     a16 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
-    assert a8.cxx_args()[-3:] == (1024, 1, 0) and a16.cxx_args()[-3:] == (2048, 0, 1)
+    assert a8.cxx_args()[-4:] == (1024, 1, 0, 0) and a16.cxx_args()[-4:] == (2048, 0, 1, 0)
 
 
 @pytest.mark.parametrize("l3,want", [(32 << 20, 96 << 20), (8 << 20, 64 << 20), (480 << 20, 256 << 20),

@@ -29,7 +29,8 @@ THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 #: The fields of ``awq::Thresholds`` (runtime/driver.h.j2) in order: the eager entry points' trailing
 #: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
 #: Inductor template's initializer are all made from this list.
-CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch", "prefetch_next_tile", "decode_int16")
+CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch", "prefetch_next_tile", "decode_int16",
+              "decode_prefetch_l2")
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
 DEFAULT_DECODE_PREFETCH = 0
@@ -46,6 +47,13 @@ DEFAULT_NEXT_TILE_PREFETCH = 0
 #: Off without a measurement (the dpbf16 kernel is what Zen 4 was tuned on); tuned per machine with
 #: the prefetch (kernels/tuner.py tune_decode_setting).
 DEFAULT_DECODE_INT16 = 0
+#: The decode kernels' software prefetch into L2 (bytes ahead in each weight stream, 0: none), beside
+#: the L1 distance: more lines in flight per core than the L1 fill buffers allow. On the AMX Xeon
+#: (int16 x loop over the real tile layout, 2 threads, cold, interleaved with the probe) 1 KB into L1
+#: + 4 KB into L2 + the next tile read 85-98% of the probe where the shipped 1 KB + next tile read
+#: 79-87% (4 of 5 runs; at a slower moment 90 against 92%: benchmarks/results/decode_prefetch_l2_1205.md).
+#: Off without a measurement; tuned per machine with the rest of the setting.
+DEFAULT_DECODE_PREFETCH_L2 = 0
 #: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
 #: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are
 #: multiples of 32); more rows dequantize with the scales once per M block (``amx``). 4096 x 11008,
@@ -56,22 +64,25 @@ AMX_GROUPS_MAX_M = 32
 
 class DecodeSetting(NamedTuple):
     """The decode kernels' setup on one machine: software prefetch (bytes ahead within each weight
-    stream, 0: none; whether the next N tile is prefetched into L2 too, 0 / 1) and whether bf16 x
-    runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`)."""
+    stream, 0: none; whether the next N tile is prefetched into L2 too, 0 / 1), whether bf16 x
+    runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`) and the distance of the
+    prefetch into L2 within each stream (bytes, 0: none, :data:`DEFAULT_DECODE_PREFETCH_L2`)."""
 
     distance: int
     next_tile: int
     int16_x: int = DEFAULT_DECODE_INT16
+    l2_distance: int = DEFAULT_DECODE_PREFETCH_L2
 
 
 #: The constants' choice (no prefetch, bf16 x).
-DEFAULT_DECODE = DecodeSetting(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_DECODE_INT16)
+DEFAULT_DECODE = DecodeSetting(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_DECODE_INT16,
+                               DEFAULT_DECODE_PREFETCH_L2)
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Rows from which each path is taken (see the module docstring) and the decode kernels'
-    setting (:class:`DecodeSetting`: prefetch distance, next-tile prefetch, int16 x; measured once per
+    setting (:class:`DecodeSetting`: prefetch distances, next-tile prefetch, int16 x; measured once per
     machine, not per shape: the hardware prefetchers and issue rates decide it;
     :func:`~awq_inductor.kernels.tuner.tune_decode_setting`); ``source`` says where the
     plan came from (``default`` | ``forced`` | ``cached`` | ``tuned``)."""
@@ -83,12 +94,13 @@ class Plan:
     decode_prefetch: int = DEFAULT_DECODE_PREFETCH
     prefetch_next_tile: int = DEFAULT_NEXT_TILE_PREFETCH
     decode_int16: int = DEFAULT_DECODE_INT16
+    decode_prefetch_l2: int = DEFAULT_DECODE_PREFETCH_L2
     source: str = "default"
 
     def with_decode(self, setting: DecodeSetting) -> "Plan":
         """This plan with the decode kernels' machine setting."""
         return dataclasses.replace(self, decode_prefetch=setting.distance, prefetch_next_tile=setting.next_tile,
-                                   decode_int16=setting.int16_x)
+                                   decode_int16=setting.int16_x, decode_prefetch_l2=setting.l2_distance)
 
     def cxx_args(self) -> Tuple[int, ...]:
         """The ``awq::Thresholds`` fields (:data:`CXX_FIELDS`), in order."""
@@ -108,7 +120,7 @@ def default_plan() -> Plan:
 
 
 def forced_plan(values: dict) -> Plan:
-    keys = THRESHOLDS + ("decode_prefetch", "prefetch_next_tile", "decode_int16")
+    keys = THRESHOLDS + ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2")
     unknown = set(values) - set(keys)
     if unknown:
         raise ValueError(f"config.kernel_plan: expected keys among {keys}, got {sorted(unknown)}")

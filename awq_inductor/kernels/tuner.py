@@ -315,9 +315,13 @@ def _free_thresholds(op: Op, isa: str, x_dtype: torch.dtype) -> Tuple[str, ...]:
 #: threads (standalone loop of the kernel, 4096 x 11008-sized panels, interleaved with the probe:
 #: 87-93% of it against 70-76%).
 #: Each prefetch runs with bf16 x and with int16 x (plan.DEFAULT_DECODE_INT16: the issue rates
-#: decide, not the memory).
-DECODE_CANDIDATES = tuple(DecodeSetting(d, t, i) for i in (0, 1) for t in (0, 1) for d in (0, 512, 1024, 2048)
-                          if not (t and d == 2048))
+#: decide, not the memory). The 512 B and 1 KB distances also run with a second prefetch 4 KB ahead
+#: into L2 (plan.DEFAULT_DECODE_PREFETCH_L2): on the AMX Xeon at 33-44 GB/s the int16 loop over the
+#: tile layout read 85-98% of the probe with it, 79-87% without (4 KB and 8 KB alike, 16 KB less;
+#: benchmarks/results/decode_prefetch_l2_1205.md).
+DECODE_L2_DISTANCE = 4096
+DECODE_CANDIDATES = tuple(DecodeSetting(d, t, i, l2) for l2 in (0, DECODE_L2_DISTANCE) for i in (0, 1) for t in (0, 1)
+                          for d in (0, 512, 1024, 2048) if not (t and d == 2048) and (not l2 or d in (512, 1024)))
 DECODE_ROUNDS = 5
 
 
@@ -328,8 +332,9 @@ def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
 
 
 def setting_name(setting: DecodeSetting) -> str:
-    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``: a setting's key in the cached timings."""
-    return f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
+    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``: a setting's key in the cached timings."""
+    return (f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
+            + (f"+l2_{setting.l2_distance}" if setting.l2_distance else ""))
 
 
 def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callable[[DecodeSetting], float]] = None

@@ -156,7 +156,7 @@ def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dt
 def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False) -> DecodeSetting:
     """The decode kernels' setting of ``scheme`` on this machine (prefetch, int16 x): the cached
     measurement (one per machine key, ISA and scheme), measured now where there is none (an entry
-    written before the int16 x choice existed counts as none) and ``config.tune == "auto"`` (or
+    written before the int16 x or L2 distance choice existed counts as none) and ``config.tune == "auto"`` (or
     ``remeasure``), else none. A machine property, not a shape's: every cached and tuned bf16 plan of
     the scheme carries it."""
     key = (threads(), str(isa), scheme.name)
@@ -164,7 +164,7 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False) ->
         return _decode_memo[key]
     path, name = cache_path(), f"decode_setting/{isa}/{scheme.name}"
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
-    if isinstance(entry, dict) and not {"next_tile", "int16_x"} <= set(entry):
+    if isinstance(entry, dict) and not {"next_tile", "int16_x", "l2_bytes"} <= set(entry):
         entry = None
     if entry is None and not remeasure and config.tune != "auto":
         return DEFAULT_DECODE
@@ -175,12 +175,14 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False) ->
             data = _read(path)
             data["machine"] = cache_key.machine(threads(), hugepages.in_use())
             data.setdefault("machine_params", {})[name] = {"bytes": value.distance, "next_tile": value.next_tile,
-                                                           "int16_x": value.int16_x, "times_ms": times}
+                                                           "int16_x": value.int16_x, "l2_bytes": value.l2_distance,
+                                                           "times_ms": times}
             _write(path, data)
         log.info("awq_inductor: decode setting on this machine: %s (%s)", tuner.setting_name(value), times)
     else:
         try:
-            value = DecodeSetting(int(entry["bytes"]), int(entry["next_tile"]), int(entry["int16_x"]))
+            value = DecodeSetting(int(entry["bytes"]), int(entry["next_tile"]), int(entry["int16_x"]),
+                                  int(entry["l2_bytes"]))
         except (KeyError, TypeError, ValueError):
             log.warning("awq_inductor: ignoring the malformed %s entry in %s", name, path)
             return DEFAULT_DECODE
