@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <vector>
 #include <cstdlib>
+#include "decode_int16_loop.h"
 #ifndef PF
 #define PF 0
 #endif
@@ -74,18 +75,8 @@ __attribute__((noinline)) void v3(const uint16_t* x, const uint8_t* qw, int64_t 
 }
 // V4: int16 x (micro::avx512_int16x<1, 2>): vpdpwssd, exact int32 sums
 __attribute__((noinline)) void v4(const uint16_t* x, const uint8_t* qw, int64_t pstride, int64_t kp1, float* out){
-  const __m512i mask4=_mm512_set1_epi16(0xF);
-  __m512i acc[2][2][2]; for(auto& a:acc)for(auto& b:a)for(auto&c:b)c=_mm512_setzero_si512();
-  auto step=[&](int64_t kp,int u)__attribute__((always_inline)){
-    __m512i w[2][2];
-    for(int p=0;p<2;p++){ const uint8_t* src=qw+p*pstride+kp*32; if(PF && !(kp&1)) _mm_prefetch((const char*)src+PF,_MM_HINT_T0);
-      __m512i b=_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)src));
-      w[p][0]=_mm512_and_si512(b,mask4); w[p][1]=_mm512_srli_epi16(b,4);}
-    int32_t pair; memcpy(&pair,x+2*kp,4); __m512i xa=_mm512_set1_epi32(pair);
-    for(int p=0;p<2;p++){acc[u][p][0]=_mm512_dpwssd_epi32(acc[u][p][0],xa,w[p][0]);acc[u][p][1]=_mm512_dpwssd_epi32(acc[u][p][1],xa,w[p][1]);}
-  };
-  for(int64_t kp=0;kp+2<=kp1;kp+=2){step(kp,0);step(kp+1,1);}
-  __m512i s=_mm512_setzero_si512(); for(auto& a:acc)for(auto& b:a)for(auto&c:b)s=_mm512_add_epi32(s,c); _mm512_storeu_si512(out,s);
+  int16_loop(x, qw, pstride, kp1, out, [](const uint8_t* src, int64_t kp) __attribute__((always_inline)) {
+    if (PF && !(kp & 1)) _mm_prefetch((const char*)src + PF, _MM_HINT_T0); });
 }
 int main(int argc,char**argv){
   const int64_t K=argc>1?atol(argv[1]):4096, kp1=K/2, pstride=kp1*32; std::vector<uint8_t> qw(2*pstride, 0x37); std::vector<uint16_t> x(K,0x3f80); float out[16];

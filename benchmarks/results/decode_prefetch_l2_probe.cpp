@@ -12,21 +12,11 @@
 #include <algorithm>
 #include <vector>
 #include <cstdlib>
+#include "decode_int16_loop.h"
 static double now(){return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();}
 __attribute__((noinline)) void tile(const uint16_t* x, const uint8_t* qw, int64_t pstride, int64_t kp1, float* out, int64_t d0, int64_t d1, int64_t nt){
-  const __m512i mask4=_mm512_set1_epi16(0xF);
-  __m512i acc[2][2][2]; for(auto& a:acc)for(auto& b:a)for(auto&c:b)c=_mm512_setzero_si512();
-  auto step=[&](int64_t kp,int u)__attribute__((always_inline)){
-    __m512i w[2][2];
-    for(int p=0;p<2;p++){ const uint8_t* src=qw+p*pstride+kp*32;
-      if(!(kp&1)){ if(d0) _mm_prefetch((const char*)src+d0,_MM_HINT_T0); if(d1) _mm_prefetch((const char*)src+d1,_MM_HINT_T1); if(nt) _mm_prefetch((const char*)src+nt,_MM_HINT_T1);}
-      __m512i b=_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)src));
-      w[p][0]=_mm512_and_si512(b,mask4); w[p][1]=_mm512_srli_epi16(b,4);}
-    int32_t pair; memcpy(&pair,x+2*kp,4); __m512i xa=_mm512_set1_epi32(pair);
-    for(int p=0;p<2;p++){acc[u][p][0]=_mm512_dpwssd_epi32(acc[u][p][0],xa,w[p][0]);acc[u][p][1]=_mm512_dpwssd_epi32(acc[u][p][1],xa,w[p][1]);}
-  };
-  for(int64_t kp=0;kp+2<=kp1;kp+=2){step(kp,0);step(kp+1,1);}
-  __m512i s=_mm512_setzero_si512(); for(auto& a:acc)for(auto& b:a)for(auto&c:b)s=_mm512_add_epi32(s,c); _mm512_storeu_si512(out,s);
+  int16_loop(x, qw, pstride, kp1, out, [=](const uint8_t* src, int64_t kp) __attribute__((always_inline)) {
+    if(!(kp&1)){ if(d0) _mm_prefetch((const char*)src+d0,_MM_HINT_T0); if(d1) _mm_prefetch((const char*)src+d1,_MM_HINT_T1); if(nt) _mm_prefetch((const char*)src+nt,_MM_HINT_T1);} });
 }
 __attribute__((noinline)) void probe1(const uint8_t* p, int64_t n, float* out){
   __m512i a0=_mm512_setzero_si512(),a1=a0,a2=a0,a3=a0;
