@@ -29,8 +29,9 @@ THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 #: The fields of ``awq::Thresholds`` (runtime/driver.h.j2) in order: the eager entry points' trailing
 #: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
 #: Inductor template's initializer are all made from this list.
-CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "decode_prefetch", "prefetch_next_tile", "decode_int16",
-              "decode_prefetch_l2")
+#: The Plan fields of the decode setting, in DecodeSetting's order (Plan.with_decode pairs them up).
+DECODE_FIELDS = ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2")
+CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m") + DECODE_FIELDS
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
 DEFAULT_DECODE_PREFETCH = 0
@@ -99,8 +100,7 @@ class Plan:
 
     def with_decode(self, setting: DecodeSetting) -> "Plan":
         """This plan with the decode kernels' machine setting."""
-        return dataclasses.replace(self, decode_prefetch=setting.distance, prefetch_next_tile=setting.next_tile,
-                                   decode_int16=setting.int16_x, decode_prefetch_l2=setting.l2_distance)
+        return dataclasses.replace(self, **dict(zip(DECODE_FIELDS, setting)))
 
     def cxx_args(self) -> Tuple[int, ...]:
         """The ``awq::Thresholds`` fields (:data:`CXX_FIELDS`), in order."""
@@ -120,7 +120,7 @@ def default_plan() -> Plan:
 
 
 def forced_plan(values: dict) -> Plan:
-    keys = THRESHOLDS + ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2")
+    keys = THRESHOLDS + DECODE_FIELDS
     unknown = set(values) - set(keys)
     if unknown:
         raise ValueError(f"config.kernel_plan: expected keys among {keys}, got {sorted(unknown)}")
