@@ -87,6 +87,44 @@ def test_choose_follows_the_timings():
     assert plan.dense_min_m == NEVER
 
 
+def _choose_by_every_plan(op, isa, x_dtype, times):
+    """The exhaustive search tuner.choose replaced (every threshold combination through path_for):
+    the oracle of test_choose_matches_the_exhaustive_search."""
+    import itertools
+    ms = sorted({m for t in times.values() for m in t})
+    best = {m: min(t[m] for t in times.values() if m in t) for m in ms}
+
+    def cost(plan):
+        return sum(times.get(kplan.candidate_of(kplan.path_for(plan, op, isa, x_dtype, m)), {}).get(m, 10 * best[m])
+                   / best[m] for m in ms)
+
+    values = sorted(set(ms) | {0, NEVER})
+    free = tuner._free_thresholds(op, isa, x_dtype)
+    base = dataclasses.replace(kplan.default_plan(), source="tuned")
+    best_plan, best_cost, best_combo = base, float("inf"), ()
+    for combo in itertools.product(values, repeat=len(free)):
+        plan = dataclasses.replace(base, **dict(zip(free, combo)))
+        c = cost(plan)
+        if c < best_cost - 1e-9 or (abs(c - best_cost) <= 1e-9 and combo > best_combo):
+            best_plan, best_cost, best_combo = plan, c, combo
+    return base if cost(base) <= best_cost * tuner.MIN_GAIN else best_plan
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("scheme,isa,x_dtype", [(W4A16, "amx", torch.bfloat16), (W4A16, "avx512", torch.bfloat16),
+                                                (W4A16, "avx512", torch.float32), (W4A8, "amx", torch.bfloat16)])
+def test_choose_matches_the_exhaustive_search(scheme, isa, x_dtype, seed):
+    """choose scores the threshold combinations per M and pattern: the same plan as scoring each
+    one through path_for, on random timings with ties (integer times) and paths dropped early."""
+    gen = torch.Generator().manual_seed(seed)
+    ms = tuner.M_BUCKETS
+    times = {}
+    for path in kplan.candidates(scheme, isa, x_dtype):
+        last = len(ms) - int(torch.randint(0, 4, (), generator=gen)) if path != "dense" else len(ms)
+        times[path] = {m: float(torch.randint(1, 4, (), generator=gen)) * m ** 0.5 for m in ms[:last]}
+    assert tuner.choose(scheme, isa, x_dtype, times) == _choose_by_every_plan(scheme, isa, x_dtype, times)
+
+
 def test_measure_stops_timing_a_path_that_keeps_losing():
     timer = fake_timer({"fast": lambda m: 1.0, "slow": lambda m: 3.0})
     cands = {"fast": kplan.Plan(0, 0, 0), "slow": kplan.Plan(0, 0, 0)}
