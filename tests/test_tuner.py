@@ -3,6 +3,7 @@ on-disk cache, forced plans, and the generated code following the measured winne
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -90,7 +91,6 @@ def test_choose_follows_the_timings():
 def _choose_by_every_plan(op, isa, x_dtype, times):
     """The exhaustive search tuner.choose replaced (every threshold combination through path_for):
     the oracle of test_choose_matches_the_exhaustive_search."""
-    import itertools
     ms = sorted({m for t in times.values() for m in t})
     best = {m: min(t[m] for t in times.values() if m in t) for m in ms}
 
