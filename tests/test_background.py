@@ -85,11 +85,11 @@ def test_tune_missing_times_inside_one_quiet_block(monkeypatch):
     monkeypatch.setattr(tuning_cache, "_memo", {})
     monkeypatch.setattr(tuning_cache, "decode_setting",
                         lambda isa, scheme: (depth.append(background._measuring), kplan.DEFAULT_DECODE)[1])
-    monkeypatch.setattr(tuning_cache, "_measure", lambda s, isa, dt: depth.append(background._measuring))
+    monkeypatch.setattr(tuning_cache, "_measure", lambda s, isa, dt, decode=None: depth.append(background._measuring))
     monkeypatch.setattr(native, "get_kernel", lambda *a: depth.append(("built", background._measuring)))
     shapes = [tuning_cache.Shape(op_for(None, LINEAR), 256, 256, 64),
               tuning_cache.Shape(op_for(None, GATE_UP_SILU), 256, 512, 64)]
-    assert tuning_cache.tune_missing(shapes, torch.bfloat16, show=False) == 2
+    assert tuning_cache.tune_missing(shapes, torch.bfloat16, show=False, weight_bytes=1 << 40) == 2  # streamed
     assert depth[:2] == [("built", 0), 1]  # the decode kernel built, then its setting measured
     assert depth[2:4] == [("built", 0), ("built", 0)]  # the shapes' kernels, before their block
     assert depth[4:] == [1, 1]  # 2 shapes, one block

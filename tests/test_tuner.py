@@ -357,6 +357,7 @@ def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch
 
     monkeypatch.setattr(tuner, "kernel_timer", fake_kernel_timer)
     monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: (kplan.DecodeSetting(512, 1, 1, 4096), {}))
+    monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 0)  # this small weight counts as streamed: its setting is measured
     q, z, s = random_canonical(128, 256, 64)
     lin = AWQLinear.from_canonical(q, z, s, group_size=64)
     x = torch.randn(3, 256).to(torch.bfloat16)
@@ -624,3 +625,57 @@ def test_kernel_timer_reads_cold_full_weights_at_every_m(monkeypatch):
     for M in (1, 32, 64, 512, 2048):
         ptrs = [p for p, _ in seen[M]]
         assert len(set(ptrs)) == len(ptrs) >= 2 and {n for _, n in seen[M]} == {4096}, M  # a new copy every call
+
+
+def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monkeypatch):
+    """Weights that stay in cache (a tiny model, a small shape alone) keep the constants' decode
+    setting and never wait for its measurement, at load or at code generation; a model whose int4
+    weights stream from DRAM measures it once, at load, and its plans (and later lookups of small
+    shapes) carry it."""
+    from awq_inductor.kernels import isa as isa_mod, native
+
+    isa = isa_mod.select()
+    if not isa.avx512_bf16 or native.emulated(isa):
+        pytest.skip("the tuner measures only where the AVX512-BF16 kernels run natively")
+    measured = []
+    monkeypatch.setattr(tuner, "tune_decode_setting",
+                        lambda isa, scheme: (measured.append(scheme.name), (kplan.DecodeSetting(1024, 0, 1, 0), {}))[1])
+    monkeypatch.setattr(tuner, "kernel_timer", lambda *a: fake_timer(dict.fromkeys(
+        kplan.candidates(W4A16, isa, torch.bfloat16), lambda m: 1.0)))
+    small = tuning_cache.Shape(W4A16, 256, 128, 64)
+    assert small.weight_bytes == 256 * 128 // 2 and not tuner.streams_weights(small.weight_bytes)
+    assert tuner.streams_weights(tuner.RESIDENT_MAX_BYTES + 1)
+    assert tuning_cache.tune_missing([small], torch.bfloat16, show=False) == 1 and measured == []
+    plan = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
+    assert plan.cxx_args()[-4:] == tuple(kplan.DEFAULT_DECODE) and measured == []
+    entry = json.load(open(tuning_cache.cache_path()))["plans"][small.key(isa, torch.bfloat16)]
+    assert entry["decode"] == list(kplan.DEFAULT_DECODE)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-4:] == tuple(kplan.DEFAULT_DECODE)
+    assert measured == []  # code generation for another small shape did not measure it either
+
+    tuning_cache.forget()  # a later process loads a model of 64 MiB of int4 weights with the same shape
+    assert tuning_cache.tune_missing([small], torch.bfloat16, show=False, weight_bytes=64 << 20) == 1
+    assert measured == ["w4a16"]  # measured once, and the shape measured again under it
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-4:] == (1024, 0, 1, 0)
+    tuning_cache.forget()  # from now on every plan carries the cached setting, small or not, never measured again
+    assert tuning_cache.tune_missing([small], torch.bfloat16, show=False) == 0
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-4:] == (1024, 0, 1, 0)
+    assert measured == ["w4a16"]
+
+
+def test_a_large_shape_measures_the_decode_setting_where_it_is_generated(tune_dir, monkeypatch):
+    """A shape whose weight alone streams (code generated without a load-time tuning, e.g. a module
+    built by hand) measures the machine's decode setting when its plan is first asked for."""
+    from awq_inductor.kernels import isa as isa_mod, native
+
+    isa = isa_mod.select()
+    if not isa.avx512_bf16 or native.emulated(isa):
+        pytest.skip("the tuner measures only where the AVX512-BF16 kernels run natively")
+    measured = []
+    monkeypatch.setattr(tuner, "tune_decode_setting",
+                        lambda isa, scheme: (measured.append(scheme.name), (kplan.DecodeSetting(512, 1, 0, 0), {}))[1])
+    monkeypatch.setattr(tuner, "kernel_timer", lambda *a: fake_timer(dict.fromkeys(
+        kplan.candidates(W4A16, isa, torch.bfloat16), lambda m: 1.0)))
+    monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 128 // 2 - 1)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-4:] == (512, 1, 0, 0)
+    assert measured == ["w4a16"]

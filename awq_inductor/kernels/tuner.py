@@ -74,6 +74,24 @@ def cold_bytes() -> int:
     return 256 << 20 if l3 is None else min(256 << 20, max(64 << 20, 3 * l3))
 
 
+#: Int4 weight bytes up to which a model's decode reads its weights from the caches (half the
+#: last-level caches, at most this): its decode kernels run the constants' setting unless the machine's
+#: is already cached (:func:`streams_weights`).
+RESIDENT_MAX_BYTES = 16 << 20
+
+
+def streams_weights(weight_bytes: int) -> bool:
+    """Whether a decode step over ``weight_bytes`` of int4 weights reads them from DRAM: more than
+    half the last-level caches or :data:`RESIDENT_MAX_BYTES`. Only then does the machine's decode
+    setting (software prefetch, int16 x: :func:`tune_decode_setting`) get measured at load. Why:
+    measuring it over 256 MiB of cold copies was 1.7-2.3 s of the tiny Llama demo's cold start on
+    the 2-vCPU AMX Xeon (2 MB of int4 weights); on those weights, warm, M = 1, the setting measured
+    there (2048 + int16) took 86.5 us per layer's four ops against the constants' 89.8 (0.963x, 9
+    interleaved rounds, benchmarks/results/resident_decode_1206.py): 1-2 % of the demo's decode."""
+    l3 = last_level_cache_bytes()
+    return weight_bytes > (RESIDENT_MAX_BYTES if l3 is None else min(RESIDENT_MAX_BYTES, l3 // 2))
+
+
 def last_level_cache_bytes() -> Optional[int]:
     """The summed size of the distinct level-3 caches (sysfs) of the CPUs this process may run on;
     None where sysfs does not list them."""

@@ -120,13 +120,14 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     if config.tune == "off" or isa == "portable" or (isa == "amx" and isa_mod.amx_emulated()):
         return default_plan()
     key = shape_key(op, isa, x_dtype, K, out_features, G)
+    measure = tuner.streams_weights(Shape(op, K, out_features, G).weight_bytes)  # the decode setting, where absent
     final = _final.get((threads(), key))
     if final is not None:  # the eager op asks on every call
         return final
     plan = _memo.get((threads(), key))
     if plan is None:
         path = cache_path()
-        decode = _machine_decode(op.scheme, isa, x_dtype)
+        decode = _machine_decode(op.scheme, isa, x_dtype, measure)
         plan = _cached(path, key, decode)
         if plan is None and config.tune == "auto":
             t0 = time.perf_counter()
@@ -136,29 +137,30 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
                 log.warning("awq_inductor: tuned the kernel choice for %s in %.1f s (%s); cached in %s",
                             key, time.perf_counter() - t0, plan.thresholds(), path)
         if plan is None:
-            return _with_machine_params(default_plan(), op.scheme, isa, x_dtype)
+            return _with_machine_params(default_plan(), op.scheme, isa, x_dtype, measure)
         _memo[(threads(), key)] = plan
-    final = _final[(threads(), key)] = _with_machine_params(plan, op.scheme, isa, x_dtype)
+    final = _final[(threads(), key)] = _with_machine_params(plan, op.scheme, isa, x_dtype, measure)
     return final
 
 
-def _machine_decode(scheme: Scheme, isa: str, x_dtype: torch.dtype) -> DecodeSetting:
+def _machine_decode(scheme: Scheme, isa: str, x_dtype: torch.dtype, measure: bool = True) -> DecodeSetting:
     """The decode setting the plans of ``scheme`` and ``x_dtype`` carry on this machine (bf16 x: the
-    kernels it steers)."""
-    return decode_setting(isa, scheme) if x_dtype == torch.bfloat16 else DEFAULT_DECODE
+    kernels it steers); ``measure``: measured now where none is cached (:func:`decode_setting`)."""
+    return decode_setting(isa, scheme, measure=measure) if x_dtype == torch.bfloat16 else DEFAULT_DECODE
 
 
-def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dtype) -> Plan:
-    """``plan`` with the machine's measured decode setting of ``scheme`` (bf16 x: the kernels it steers)."""
-    return plan if x_dtype != torch.bfloat16 else plan.with_decode(_machine_decode(scheme, isa, x_dtype))
+def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dtype, measure: bool = True) -> Plan:
+    """``plan`` with the machine's decode setting of ``scheme`` (bf16 x: the kernels it steers)."""
+    return plan if x_dtype != torch.bfloat16 else plan.with_decode(_machine_decode(scheme, isa, x_dtype, measure))
 
 
-def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False) -> DecodeSetting:
+def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, measure: bool = True) -> DecodeSetting:
     """The decode kernels' setting of ``scheme`` on this machine (prefetch, int16 x): the cached
     measurement (one per machine key, ISA and scheme), measured now where there is none (an entry
-    written before the int16 x or L2 distance choice existed counts as none) and ``config.tune == "auto"`` (or
-    ``remeasure``), else none. A machine property, not a shape's: every cached and tuned bf16 plan of
-    the scheme carries it."""
+    written before the int16 x or L2 distance choice existed counts as none), ``measure`` and
+    ``config.tune == "auto"`` (or ``remeasure``), else the constants' (not remembered: a later call
+    may measure). ``measure`` is False for weights that stay in cache (``tuner.streams_weights``).
+    A machine property, not a shape's: every cached and tuned bf16 plan of the scheme carries it."""
     key = (threads(), str(isa), scheme.name)
     if key in _decode_memo and not remeasure:
         return _decode_memo[key]
@@ -166,7 +168,7 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False) ->
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
     if isinstance(entry, dict) and not {"next_tile", "int16_x", "l2_bytes"} <= set(entry):
         entry = None
-    if entry is None and not remeasure and config.tune != "auto":
+    if entry is None and not remeasure and (config.tune != "auto" or not measure):
         return DEFAULT_DECODE
     if entry is None:
         value, times = tuner.tune_decode_setting(isa, scheme)
@@ -222,10 +224,16 @@ class Shape:
     def key(self, isa: str, x_dtype: torch.dtype) -> str:
         return shape_key(self.op, isa, x_dtype, self.K, self.out_features, self.G)
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of its packed int4 weight (4 bits per weight of every packed column)."""
+        return self.K * self.op.columns(self.out_features) // 2
 
-def _measure(s: Shape, isa: str, x_dtype: torch.dtype) -> Plan:
-    """Time the candidate paths of ``s`` now and cache the plan (file and process)."""
-    decode = _machine_decode(s.op.scheme, isa, x_dtype)
+
+def _measure(s: Shape, isa: str, x_dtype: torch.dtype, decode: Optional[DecodeSetting] = None) -> Plan:
+    """Time the candidate paths of ``s`` now, under ``decode`` (default: the machine's decode
+    setting, measured where absent), and cache the plan (file and process)."""
+    decode = _machine_decode(s.op.scheme, isa, x_dtype) if decode is None else decode
     plan, times = tuner.tune_shape(s.op, isa, x_dtype, s.K, s.out_features, s.G, decode=decode)
     store(s.key(isa, x_dtype), plan, times, decode=decode)
     return plan
@@ -268,11 +276,14 @@ def parse_shapes(text: str, G: int, act_quant: Optional[str] = None) -> List[Sha
     return out
 
 
-def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool] = None) -> int:
+def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool] = None,
+                 weight_bytes: Optional[int] = None) -> int:
     """Measure now every shape of ``shapes`` that has no plan yet (``config.tune == "auto"`` only;
     one progress bar, no log line per shape): the model pass calls it when a model is converted, so
-    the first ``generate`` (and the text it streams) never waits for the tuner. Returns the number
-    of shapes measured."""
+    the first ``generate`` (and the text it streams) never waits for the tuner. ``weight_bytes``:
+    the model's int4 weight bytes (default: one of each shape); the machine's decode setting is
+    measured first where it is not cached and they stream from DRAM (``tuner.streams_weights``).
+    Returns the number of shapes measured."""
     from ..progress import track
     from . import isa as isa_mod
 
@@ -280,13 +291,11 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     if config.tune != "auto" or config.kernel_plan is not None or not isa.avx512_bf16 or native.emulated(isa):
         return 0  # plan_for uses the constants (or the forced plan) here: nothing to measure
     path, n = cache_path(), threads()
+    streamed = tuner.streams_weights(sum(s.weight_bytes for s in dict.fromkeys(shapes))
+                                     if weight_bytes is None else weight_bytes)
     decode = {}  # scheme -> its decode setting: once per machine, here at load where not cached (plans hold under it)
     for scheme in dict.fromkeys(s.op.scheme for s in shapes):
-        decode[scheme] = DEFAULT_DECODE
-        if x_dtype == torch.bfloat16:
-            native.get_kernel(Op(scheme, LINEAR).name, x_dtype, isa)
-            with background.quiet_for_timing():
-                decode[scheme] = decode_setting(isa, scheme)
+        decode[scheme] = _load_decode_setting(scheme, isa, x_dtype, streamed)
     todo = [s for s in dict.fromkeys(shapes) if (n, s.key(isa, x_dtype)) not in _memo
             and _cached(path, s.key(isa, x_dtype), decode[s.op.scheme]) is None]
     # the kernels are built first, beside any background build (a g++ each); then one quiet block
@@ -295,8 +304,21 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
         native.get_kernel(name, x_dtype, isa)
     with background.quiet_for_timing():
         for s in track(todo, "awq_inductor: tuning kernels", show=show, unit="shape"):
-            _measure(s, isa, x_dtype)
+            _measure(s, isa, x_dtype, decode[s.op.scheme])
     return len(todo)
+
+
+def _load_decode_setting(scheme: Scheme, isa: str, x_dtype: torch.dtype, streamed: bool) -> DecodeSetting:
+    """The decode setting a model's plans are measured under (:func:`tune_missing`): for bf16 x the
+    machine's, measured now (kernel built, then a quiet block) where it is absent and the weights
+    stream, else cached or the constants'."""
+    if x_dtype != torch.bfloat16:
+        return DEFAULT_DECODE
+    if not streamed:
+        return decode_setting(isa, scheme, measure=False)
+    native.get_kernel(Op(scheme, LINEAR).name, x_dtype, isa)
+    with background.quiet_for_timing():
+        return decode_setting(isa, scheme)
 
 
 def tune_shapes(shapes: List[Shape], x_dtype: torch.dtype, isa: Optional[str] = None, show: Optional[bool] = None,

@@ -466,7 +466,14 @@ def tune_model(model: nn.Module, x_dtype: Optional[torch.dtype] = None, progress
     x_dtype = x_dtype or activation_dtype(model)
     if x_dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return 0
-    return tuning_cache.tune_missing(op_shapes(model), x_dtype, show=progress)
+    return tuning_cache.tune_missing(op_shapes(model), x_dtype, show=progress, weight_bytes=int4_weight_bytes(model))
+
+
+def int4_weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's packed int4 weights, every layer and expert (a decode step reads them all,
+    or the routed experts' share: the tuner asks whether they stay in cache)."""
+    return sum(getattr(m, name).nbytes for m in model.modules() if isinstance(m, (AWQLinear, AWQGateUpSiluMul, AWQMoEExperts))
+               for name in m.STREAMED_TENSORS)
 
 
 def count_int4_linears(module: nn.Module) -> int:
