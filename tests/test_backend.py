@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -322,6 +323,52 @@ def test_intrinsic_isa_checks_are_answered_from_our_own_builds(monkeypatch):
     native._BUILT_FLAGS.clear()
     native._BUILT_FLAGS.add(frozenset(["-O3", "-mavx512f"]))  # flags not covered: built
     assert VecISA.check_build(vnni, vnni_code) is False and built == [vnni_code, vnni_code]
+
+
+def test_intrinsic_isa_checks_wait_for_a_build_of_ours_in_flight(monkeypatch):
+    """A short check (AMX's tile intrinsics here) asked while a library of ours with a superset of
+    its flags is being built waits for that build instead of running a g++ of its own beside it; where
+    that build fails, the check is built as before."""
+    import threading
+
+    from torch._inductor.cpu_vec_isa import VecAMX, VecISA
+
+    from awq_inductor.inductor import lowering
+    from awq_inductor.kernels import native
+
+    built = []
+    monkeypatch.setattr(VecISA, "check_build", lambda self, code: built.append(code) is None and False)
+    monkeypatch.setattr(native, "_BUILT_FLAGS", set())
+    monkeypatch.setattr(native, "_FLIGHT", [])
+    assert lowering.infer_subset_isa_checks()
+    amx = VecAMX()
+    flags = frozenset(["-O3", *amx.build_arch_flags().split(), "-mavx512bf16"])
+
+    def one_check(build_succeeds: bool):
+        release, answers = threading.Event(), []
+
+        def fake_build():
+            with native._in_flight(flags):
+                release.wait(30)
+                if build_succeeds:
+                    native._BUILT_FLAGS.add(flags)
+
+        builder = threading.Thread(target=fake_build)
+        builder.start()
+        while not native._FLIGHT:
+            time.sleep(0.001)
+        checker = threading.Thread(target=lambda: answers.append(VecISA.check_build(amx, VecAMX._amx_code)))
+        checker.start()
+        time.sleep(0.2)
+        waited = answers == []  # still waiting for the build
+        release.set()
+        checker.join(30)
+        builder.join(30)
+        return waited, answers
+
+    assert one_check(True) == (True, [True]) and built == []
+    native._BUILT_FLAGS.clear()
+    assert one_check(False) == (True, [False]) and built == [VecAMX._amx_code]
 
 
 _REBUILD_SCRIPT = textwrap.dedent("""

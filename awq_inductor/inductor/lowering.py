@@ -263,7 +263,7 @@ def infer_subset_isa_checks() -> bool:
     @functools.wraps(check)
     def check_build(self, code: str) -> bool:
         flags = frozenset(self.build_arch_flags().split())
-        if code in intrinsics and any(flags <= built for built in native.built_flag_sets()):
+        if code in intrinsics and native.flags_proven(flags):
             return True
         if code != heavy:
             return check(self, code)
@@ -281,16 +281,20 @@ def infer_subset_isa_checks() -> bool:
 
 def _intrinsic_checks() -> set:
     """The sources of Inductor's short ISA checks: one AVX512-BF16 / AVX512-VNNI intrinsic built
-    with the ISA's flags plus ``-mavx512bf16`` / ``-mavx512vnni`` (reached only where the CPU has
-    the feature). :func:`infer_subset_isa_checks` answers them from a library of ours built in this
-    process with a superset of those flags (``native.built_flag_sets``: our AVX512 kernels use
-    these instructions, ``immintrin.h`` declares them with the flags): on the 2-core Zen 4 VM they
-    were 3 g++ runs, 0.4-0.9 s each, cold, that could fall after the tuner's measurement and hold
-    up the first compile's ISA pick."""
+    with the ISA's flags plus ``-mavx512bf16`` / ``-mavx512vnni``, and VecAMX's tile intrinsics
+    (reached only where the CPU has the feature; AMX's runtime permission is still asked by
+    Inductor after the check). :func:`infer_subset_isa_checks` answers them from a library of ours
+    built in this process with a superset of those flags, waiting for one being built now
+    (``native.flags_proven``: our kernels use these instructions, ``immintrin.h`` declares them
+    with the flags): on the 2-core Zen 4 VM they were 3 g++ runs, 0.4-0.9 s each, cold, that could
+    fall after the tuner's measurement and hold up the first compile's ISA pick; on the AMX Xeon
+    (12-06) the demo's cold start still ran three of them (0.45-0.86 s each) beside the int4
+    library's g++, which they now wait for instead."""
     from torch._inductor import cpu_vec_isa
 
     codes = (getattr(cpu_vec_isa.VecAVX512, "_avx512_bf16_code", None),
-             getattr(getattr(cpu_vec_isa, "VecAVX512VNNI", None), "_avx512_vnni_code", None))
+             getattr(getattr(cpu_vec_isa, "VecAVX512VNNI", None), "_avx512_vnni_code", None),
+             getattr(getattr(cpu_vec_isa, "VecAMX", None), "_amx_code", None))
     return {c for c in codes if c}
 
 

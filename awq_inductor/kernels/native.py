@@ -12,6 +12,7 @@ its entry points through ctypes. One helper for each step, used by every op:
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -52,7 +53,9 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
     so = os.path.join(d, f"{name}_{isa or 'any'}_{key}.so")
     with _build_lock(so):  # a second thread asking for the same file waits for it, not builds it again
         if not os.path.exists(so):
-            _compile(cxx, all_flags, source, so, name, key, d)
+            with _in_flight(frozenset(all_flags)):
+                _compile(cxx, all_flags, source, so, name, key, d)
+                _BUILT_FLAGS.add(frozenset(all_flags))  # before the waiters of flags_proven wake
     _BUILT_FLAGS.add(frozenset(all_flags))
     return so
 
@@ -62,6 +65,34 @@ def built_flag_sets() -> list:
     compiler) in this process: evidence that this compiler accepts them
     (``inductor.lowering._intrinsic_checks``)."""
     return list(_BUILT_FLAGS)
+
+
+def flags_proven(flags: frozenset) -> bool:
+    """Whether a library of ours built with a superset of ``flags`` in this process, waiting for
+    the builds of such a library running now (another thread) to end: evidence that this compiler
+    accepts ``flags`` (``inductor.lowering.infer_subset_isa_checks``)."""
+    with _FLIGHT_GUARD:
+        running = [done for built, done in _FLIGHT if flags <= built]
+    for done in running:
+        done.wait()
+    return any(flags <= built for built in _BUILT_FLAGS)
+
+
+_FLIGHT: list = []  # (flag set, threading.Event set when its g++ run ends) of the builds running now
+_FLIGHT_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _in_flight(flags: frozenset):
+    entry = (flags, threading.Event())
+    with _FLIGHT_GUARD:
+        _FLIGHT.append(entry)
+    try:
+        yield
+    finally:
+        with _FLIGHT_GUARD:
+            _FLIGHT.remove(entry)
+        entry[1].set()
 
 
 _BUILD_LOCKS: dict = {}
