@@ -627,11 +627,9 @@ def test_kernel_timer_reads_cold_full_weights_at_every_m(monkeypatch):
         assert len(set(ptrs)) == len(ptrs) >= 2 and {n for _, n in seen[M]} == {4096}, M  # a new copy every call
 
 
-def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monkeypatch):
-    """Weights that stay in cache (a tiny model, a small shape alone) keep the constants' decode
-    setting and never wait for its measurement, at load or at code generation; a model whose int4
-    weights stream from DRAM measures it once, at load, and its plans (and later lookups of small
-    shapes) carry it."""
+def _measuring_setup(monkeypatch, setting):
+    """Where the tuner measures natively: every candidate timed equal, the decode setting measured
+    as ``setting``; returns (isa, the schemes whose setting was measured, in order)."""
     from awq_inductor.kernels import isa as isa_mod, native
 
     isa = isa_mod.select()
@@ -639,9 +637,18 @@ def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monk
         pytest.skip("the tuner measures only where the AVX512-BF16 kernels run natively")
     measured = []
     monkeypatch.setattr(tuner, "tune_decode_setting",
-                        lambda isa, scheme: (measured.append(scheme.name), (kplan.DecodeSetting(1024, 0, 1, 0), {}))[1])
+                        lambda isa, scheme: (measured.append(scheme.name), (setting, {}))[1])
     monkeypatch.setattr(tuner, "kernel_timer", lambda *a: fake_timer(dict.fromkeys(
         kplan.candidates(W4A16, isa, torch.bfloat16), lambda m: 1.0)))
+    return isa, measured
+
+
+def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monkeypatch):
+    """Weights that stay in cache (a tiny model, a small shape alone) keep the constants' decode
+    setting and never wait for its measurement, at load or at code generation; a model whose int4
+    weights stream from DRAM measures it once, at load, and its plans (and later lookups of small
+    shapes) carry it."""
+    isa, measured = _measuring_setup(monkeypatch, kplan.DecodeSetting(1024, 0, 1, 0))
     small = tuning_cache.Shape(W4A16, 256, 128, 64)
     assert small.weight_bytes == 256 * 128 // 2 and not tuner.streams_weights(small.weight_bytes)
     assert tuner.streams_weights(tuner.RESIDENT_MAX_BYTES + 1)
@@ -666,16 +673,7 @@ def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monk
 def test_a_large_shape_measures_the_decode_setting_where_it_is_generated(tune_dir, monkeypatch):
     """A shape whose weight alone streams (code generated without a load-time tuning, e.g. a module
     built by hand) measures the machine's decode setting when its plan is first asked for."""
-    from awq_inductor.kernels import isa as isa_mod, native
-
-    isa = isa_mod.select()
-    if not isa.avx512_bf16 or native.emulated(isa):
-        pytest.skip("the tuner measures only where the AVX512-BF16 kernels run natively")
-    measured = []
-    monkeypatch.setattr(tuner, "tune_decode_setting",
-                        lambda isa, scheme: (measured.append(scheme.name), (kplan.DecodeSetting(512, 1, 0, 0), {}))[1])
-    monkeypatch.setattr(tuner, "kernel_timer", lambda *a: fake_timer(dict.fromkeys(
-        kplan.candidates(W4A16, isa, torch.bfloat16), lambda m: 1.0)))
+    isa, measured = _measuring_setup(monkeypatch, kplan.DecodeSetting(512, 1, 0, 0))
     monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 128 // 2 - 1)
     assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-4:] == (512, 1, 0, 0)
     assert measured == ["w4a16"]
