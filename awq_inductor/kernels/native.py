@@ -56,7 +56,7 @@ def build(source: str, flags: List[str], name: str = "awq_int4_mm", isa: Optiona
             with _in_flight(frozenset(all_flags)):
                 _compile(cxx, all_flags, source, so, name, key, d)
                 _BUILT_FLAGS.add(frozenset(all_flags))  # before the waiters of flags_proven wake
-    _BUILT_FLAGS.add(frozenset(all_flags))
+    _BUILT_FLAGS.add(frozenset(all_flags))  # (also where the file was found built)
     return so
 
 
@@ -68,9 +68,11 @@ def built_flag_sets() -> list:
 
 
 def flags_proven(flags: frozenset) -> bool:
-    """Whether a library of ours built with a superset of ``flags`` in this process, waiting for
-    the builds of such a library running now (another thread) to end: evidence that this compiler
-    accepts ``flags`` (``inductor.lowering.infer_subset_isa_checks``)."""
+    """Whether a library of ours built with a superset of ``flags`` in this process, where none
+    has yet waiting for the builds of such a library running now (another thread) to end: evidence
+    that this compiler accepts ``flags`` (``inductor.lowering.infer_subset_isa_checks``)."""
+    if any(flags <= built for built in _BUILT_FLAGS):
+        return True
     with _FLIGHT_GUARD:
         running = [done for built, done in _FLIGHT if flags <= built]
     for done in running:
