@@ -189,3 +189,41 @@ def test_a_torch_without_the_hooks_compiles_with_inductors_builds_said_once(monk
     assert all(isinstance(c, contextlib.nullcontext) for c in contexts)
     said = [r.getMessage() for r in caplog.records if "one-library-per-graph" in r.getMessage()]
     assert len(said) == 1 and "cpp_pybinding" in said[0], said
+
+
+def test_the_header_is_built_beside_the_first_library_and_the_next_one_waits_for_it(monkeypatch, tmp_path):
+    """After ``header_with_first_library`` (compile_for_generate): the first graph's library starts the
+    missing .gch in the background and does not wait for it; a later library waits for it (at most
+    HEADER_WAIT_S); without the call, or with the .gch there, nothing is started."""
+    import threading
+    import time
+
+    header = tmp_path / "awq_prefix.h"
+    monkeypatch.setattr(graph_library, "prefix_header", lambda: str(header))
+    monkeypatch.setattr(graph_library, "_prefix_thread", None)
+    monkeypatch.setattr(graph_library, "_header_with_first_library", False)
+    started, release = [], threading.Event()
+
+    def slow_build():
+        started.append(threading.current_thread())
+        release.wait(30)
+        (tmp_path / "awq_prefix.h.gch").write_bytes(b"gch")
+
+    monkeypatch.setattr(graph_library, "build_prefix_header", slow_build)
+    graph_library._header_in_idle_core()
+    assert graph_library._prefix_thread is None and started == []  # not asked for: nothing
+    graph_library.header_with_first_library()
+    t0 = time.perf_counter()
+    graph_library._header_in_idle_core()  # the first library: started, not waited for
+    assert time.perf_counter() - t0 < 1.0
+    thread = graph_library._prefix_thread
+    assert thread is not None
+    while not started:
+        time.sleep(0.001)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.perf_counter()
+    graph_library._header_in_idle_core()  # the next library: waits until the .gch is there
+    assert 0.2 < time.perf_counter() - t0 < graph_library.HEADER_WAIT_S + 1.0
+    assert (tmp_path / "awq_prefix.h.gch").exists() and not thread.is_alive()
+    graph_library._header_in_idle_core()  # .gch there: nothing more
+    assert len(started) == 1

@@ -705,6 +705,14 @@ def start_graph_library_header() -> None:
         library.start_prefix_header(prepare=warm_compiler)
 
 
+def header_with_first_graph() -> None:
+    """:func:`.graph_library.header_with_first_library` (``compile_for_generate``: a prefill and a
+    decode graph will be built); nothing where the one-library build is not available."""
+    library = _graph_library()
+    if library is not None:
+        library.header_with_first_library()
+
+
 def graph_library_context():
     """:func:`.graph_library.one_library_per_graph`, or, where this torch's ``AsyncCompile`` /
     ``CppPythonBindingsCodeCache`` moved, Inductor's own per-kernel builds, said once with the

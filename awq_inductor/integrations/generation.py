@@ -105,6 +105,7 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
     warn_once_on_recompile_limit()
     if backend not in _NO_CPP_BACKENDS:
         warm_inductor()
+        _header_with_first_graph()
     prebuild_native_kernels(model)
     if regional:
         from . import regional as regions
@@ -194,6 +195,18 @@ def warm_inductor() -> None:
             background.start("awq-warm-inductor", lowering.warm_compiler)
     except Exception as e:  # noqa: BLE001
         log.debug("awq_inductor: no Inductor warm-up: %s", e)
+
+
+def _header_with_first_graph() -> None:
+    """The graph libraries' precompiled header is built beside the first graph's library (a prefill
+    and a decode graph follow: ``graph_library.header_with_first_library``); an optimisation, skipped
+    where Inductor's internals moved."""
+    try:
+        from ..inductor import lowering
+
+        lowering.header_with_first_graph()
+    except Exception as e:  # noqa: BLE001
+        log.debug("awq_inductor: no header beside the first graph: %s", e)
 
 
 def uncompile(model: nn.Module) -> nn.Module:
