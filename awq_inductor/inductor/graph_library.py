@@ -32,7 +32,10 @@ flags, and otherwise parses the header as before (never different code). It is b
 time (``python -m awq_inductor tune``, the test session's start), not inside a first compile: on a
 2-core machine a cold compile leaves no core idle, and a niced build beside the tiny Llama demo's
 first ``generate`` still slowed its library builds (a 3.9 s one took 6.3 s; first 32 tokens
-after / before 1.17, 1.02, 0.93 in three interleaved cold pairs, 12-03).
+after / before 1.17, 1.02, 0.93 in three interleaved cold pairs, 12-03). The exception, after
+``compile_for_generate`` (:func:`header_with_first_library`): beside the first graph's library,
+whose g++ the main thread waits on with the other core idle; the next graph's library waits for it
+(the demo's decode-graph library: 1.2 s instead of 2.7 s of g++, AMX Xeon, 12-06).
 """
 from __future__ import annotations
 
