@@ -677,3 +677,13 @@ def test_a_large_shape_measures_the_decode_setting_where_it_is_generated(tune_di
     monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 128 // 2 - 1)
     assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-4:] == (512, 1, 0, 0)
     assert measured == ["w4a16"]
+
+
+def test_a_remembered_plan_is_returned_without_asking_the_caches_again(tune_dir, monkeypatch):
+    """The eager op asks ``plan_for`` on every call: once a shape's plan is final, neither the
+    cache-residency question (sysfs reads: 268 us a call when it ran first) nor anything else is redone."""
+    isa, measured = _measuring_setup(monkeypatch, kplan.DecodeSetting(512, 1, 0, 0))
+    first = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
+    monkeypatch.setattr(tuner, "streams_weights", lambda b: pytest.fail("asked again on a remembered plan"))
+    monkeypatch.setattr(tuner, "last_level_cache_bytes", lambda: pytest.fail("sysfs read again"))
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64) is first

@@ -120,10 +120,10 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     if config.tune == "off" or isa == "portable" or (isa == "amx" and isa_mod.amx_emulated()):
         return default_plan()
     key = shape_key(op, isa, x_dtype, K, out_features, G)
-    measure = tuner.streams_weights(Shape(op, K, out_features, G).weight_bytes)  # the decode setting, where absent
     final = _final.get((threads(), key))
     if final is not None:  # the eager op asks on every call
         return final
+    measure = tuner.streams_weights(Shape(op, K, out_features, G).weight_bytes)  # the decode setting, where absent
     plan = _memo.get((threads(), key))
     if plan is None:
         path = cache_path()
