@@ -38,7 +38,7 @@ import bw_probe  # noqa: E402
 import awq_inductor  # noqa: E402
 from awq_inductor import AWQLinear  # noqa: E402
 from awq_inductor.baselines import Int4PackLinear  # noqa: E402
-from awq_inductor.kernels import hugepages  # noqa: E402
+from awq_inductor.kernels import hugepages, isa as isa_mod, tuning_cache  # noqa: E402
 
 LLAMA7B = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]
 
@@ -80,6 +80,8 @@ def build_copies(K, N, G, dtype, cold_bytes, act_quant=None):
     ``act_quant="int8"``: ours is the W4A8 layer (no aten copies)."""
     q, z, s = make_layer(K, N, G, seed=0)
     first = AWQLinear.from_canonical(q, z, s, group_size=G, act_quant=act_quant)
+    if dtype == torch.bfloat16:  # the copies stream from DRAM as a large model's weights do: their plans
+        tuning_cache.decode_setting(isa_mod.select(), first.op.scheme)  # carry the machine's decode setting
     n = max(2, -(-cold_bytes // _nbytes(first)))
     ours = [first] + [AWQLinear.from_canonical(q, z, s, group_size=G, act_quant=act_quant) for _ in range(n - 1)]
     for layer in ours:  # as a loaded model's weights are (convert places them; from_canonical does not)

@@ -40,7 +40,7 @@ import bw_probe  # noqa: E402
 from awq_inductor import compile_for_generate, config, testing  # noqa: E402
 from awq_inductor.integrations.generation import uncompile  # noqa: E402
 from awq_inductor.ops import moe  # noqa: E402
-from awq_inductor.kernels import hugepages, plan as kplan  # noqa: E402
+from awq_inductor.kernels import hugepages, isa as isa_mod, plan as kplan, tuning_cache  # noqa: E402
 from awq_inductor.schemes import MOE_OPS  # noqa: E402
 
 #: bytes of one probe pass in the op part's interleaved reps: 8x a 32 MiB L3, cold by itself
@@ -66,6 +66,8 @@ def bench_op(a):
     W = {name: [hugepages.on_huge_pages(t) for t in moe.pack_experts(mop, gu, dn, G, I)]
          for name, mop in MOE_OPS.items()}
     del gu, dn
+    for mop in MOE_OPS.values():  # all experts stream as a loaded model's do: the machine's decode setting
+        tuning_cache.decode_setting(isa_mod.select(), mop.scheme)  # (measured where absent), as its load would
     res = {"read_GBps": {}}
     probes = {nt: bw_probe.stream_calls(nt, a.probe_bytes) for nt in a.op_threads}
     for M in a.m:
