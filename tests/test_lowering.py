@@ -256,3 +256,62 @@ def test_register_idempotent():
     from torch._inductor.lowering import lowerings
 
     assert torch.ops.awq.int4_mm.default in lowerings
+
+
+def _random_index(rng, symbols) -> "sympy.Expr":
+    """An index of the form Inductor's vectorized loops pass to ``simplify_index_in_vec_range``
+    (the tiny Llama demo's: ``64*d0*s26 + 64*d1 + d2``, ``768*d0 + d1 + 768*m_start + o_start``)."""
+    import sympy
+
+    coefficients = (1, 1, 1, 2, 3, 4, 7, 32, 64, 96, 128, 512, 768, 4096, 11008)
+    terms = [rng.choice(coefficients) * sympy.Mul(*rng.sample(symbols, rng.choice((1, 1, 2, 3))))
+             for _ in range(rng.randint(1, 5))]
+    if rng.random() < 0.5:
+        terms.append(rng.choice(coefficients))
+    return sympy.Add(*terms)
+
+
+def test_the_vec_range_index_fast_path_returns_what_sympy_simplify_returns():
+    """Where :func:`lowering.is_simplify_fixed_point` says so, ``sympy.simplify`` hands the index
+    back unchanged (so the fast path generates the same code); it says no for indexes with a common
+    factor, which simplify rewrites."""
+    import random
+
+    import sympy
+
+    rng = random.Random(7)
+    symbols = list(sympy.symbols("x0 x1 x2 d0 d1 d2 s26 ks0 m_start o_start", integer=True, nonnegative=True))
+    claimed = 0
+    for _ in range(120):
+        index = _random_index(rng, symbols)
+        if lowering.is_simplify_fixed_point(index):
+            claimed += 1
+            assert sympy.simplify(index) == index, index
+    assert claimed >= 40
+    x0, x1, x2, s26 = symbols[0], symbols[1], symbols[2], symbols[6]
+    for rewritten in (96 * x2 * x1 + 128 * x1, 256 * x0 * x2 + x2):
+        assert sympy.simplify(rewritten) != rewritten
+        assert not lowering.is_simplify_fixed_point(rewritten)
+    assert not lowering.is_simplify_fixed_point(64 * x0 + 64 * x1)  # conservative: a common factor
+    assert lowering.is_simplify_fixed_point(64 * x0 * s26 + 64 * x1 + x2)
+    assert not lowering.is_simplify_fixed_point(x0 ** 2 + x1)
+
+
+def test_the_vec_range_index_fast_path_skips_simplify_only_where_nothing_changes(monkeypatch):
+    import sympy
+    from torch._inductor import sizevars
+    from torch.utils._sympy.functions import FloorDiv
+
+    assert lowering.fast_vec_range_index_simplify()
+    assert lowering.fast_vec_range_index_simplify()  # idempotent: one wrapper
+    fast = sizevars.simplify_index_in_vec_range
+    assert fast._awq_fast
+    x0, x1, x2 = sympy.symbols("x0 x1 x2", integer=True, nonnegative=True)
+    simplified = []
+    real_simplify = sympy.simplify
+    monkeypatch.setattr(sympy, "simplify", lambda e, *a, **k: simplified.append(e) or real_simplify(e, *a, **k))
+    plain = 64 * x0 + 512 * x1 + x2 + 31
+    assert fast(plain, x2, 16) is plain and simplified == []
+    with_div = 64 * x0 + FloorDiv(x2, 32) + 5  # Inductor's own function: the FloorDiv becomes a free symbol
+    out = fast(with_div, x2, 16)
+    assert simplified and not out.has(FloorDiv) and out.free_symbols - {x0} == {sympy.Symbol("x2_div_c0")}

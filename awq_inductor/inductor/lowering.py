@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import math
 import os
 import threading
 from pathlib import Path
@@ -639,6 +640,55 @@ def _moe_lowering_of(mop: MoeOp):
     return lowering
 
 
+def is_simplify_fixed_point(index: sympy.Expr) -> bool:
+    """True where ``sympy.simplify(index)`` is ``index`` itself, known without running it: a sum of
+    integer multiples of products of distinct symbols whose coefficients have no common divisor
+    and no symbol common to every term (one term: any such product). ``simplify`` can then only
+    pull out a common factor, and there is none (checked against ``sympy.simplify`` on random
+    indexes of this form: tests/test_lowering.py; 1696 of them, none changed)."""
+    terms = sympy.Add.make_args(index)
+    coefficients, symbol_sets = [], []
+    for term in terms:
+        coefficient, product = term.as_coeff_Mul()
+        factors = set(sympy.Mul.make_args(product)) - {sympy.S.One}
+        if not coefficient.is_Integer or not all(f.is_Symbol for f in factors):
+            return False
+        coefficients.append(int(coefficient))
+        symbol_sets.append(factors)
+    if len(terms) == 1:
+        return True
+    return math.gcd(*coefficients) == 1 and not set.intersection(*symbol_sets)
+
+
+def fast_vec_range_index_simplify() -> bool:
+    """Answer Inductor's ``simplify_index_in_vec_range`` at once for an index it would hand back
+    unchanged: one without ``FloorDiv`` / ``ModularIndexing`` (nothing to rewrite) that
+    ``sympy.simplify`` leaves as it is (:func:`is_simplify_fixed_point`); every other index goes
+    to Inductor's function. Same results, so the same generated code. Why: its ``sympy.simplify``
+    of each load and store index of a vectorized loop took 10-15 ms per call (228 ms the first),
+    1.04 s for the tiny Llama demo's 103 calls (all of that form, all returned unchanged), on the
+    main thread inside the first ``generate`` (AMX Xeon, cold Inductor cache). Idempotent; False
+    where torch's ``sizevars`` has no such function."""
+    from torch._inductor import sizevars
+    from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+    inductor_simplify = getattr(sizevars, "simplify_index_in_vec_range", None)
+    if inductor_simplify is None:
+        return False
+    if getattr(inductor_simplify, "_awq_fast", False):
+        return True
+
+    @functools.lru_cache(maxsize=None)
+    def simplify_index_in_vec_range(index, var, vec_length):
+        if not index.has(FloorDiv, ModularIndexing) and is_simplify_fixed_point(index):
+            return index
+        return inductor_simplify(index, var, vec_length)
+
+    simplify_index_in_vec_range._awq_fast = True
+    sizevars.simplify_index_in_vec_range = simplify_index_in_vec_range  # its callers look it up here
+    return True
+
+
 def install() -> None:
     """One lowering per op of the table (raises the ImportError of a moved private API)."""
     if _MISSING_API is not None:
@@ -649,6 +699,7 @@ def install() -> None:
         L.register_lowering(mop.torch_op.default, type_promotion_kind=None)(_moe_lowering_of(mop))
     install_cpu_key_pass()
     prepare_vec_isa_checks()
+    fast_vec_range_index_simplify()
 
 
 # ---------------------------------------------------------------------------------------------
