@@ -5,6 +5,7 @@ Public API (see README.md, "Public API" and "Where things live"):
     convert(model)                the model pass (awq_inductor.transform)
     patch_transformers()          transformers 5.x loading (awq_inductor.integrations.transformers)
     compile_for_generate(model)   torch.compile of model.forward that stays compiled across generate calls
+    wait_until_compiled()         wait until the compiled graphs' C++ is built (they run eager until then)
     awq_inductor_backend          torch.compile backend, also ``backend="awq_inductor"`` (awq_inductor.inductor)
     config                        package settings
     awq_inductor.tp               tensor parallelism over torch.distributed (tp.shard(model, group))
@@ -18,7 +19,7 @@ from .nn import AWQGateUpSiluMul, AWQLinear
 
 
 __all__ = ["AWQLinear", "AWQGateUpSiluMul", "convert", "patch_transformers", "compile_for_generate",
-           "awq_inductor_backend", "config", "__version__"]
+           "wait_until_compiled", "awq_inductor_backend", "config", "__version__"]
 
 
 def __getattr__(name):
@@ -33,6 +34,9 @@ def __getattr__(name):
     if name == "compile_for_generate":
         from .integrations.generation import compile_for_generate
         return compile_for_generate
+    if name == "wait_until_compiled":
+        from .integrations.generation import wait_until_compiled
+        return wait_until_compiled
     if name == "awq_inductor_backend":
         from .inductor.backend import awq_inductor_backend
         return awq_inductor_backend

@@ -191,39 +191,61 @@ def test_a_torch_without_the_hooks_compiles_with_inductors_builds_said_once(monk
     assert len(said) == 1 and "cpp_pybinding" in said[0], said
 
 
-def test_the_header_is_built_beside_the_first_library_and_the_next_one_waits_for_it(monkeypatch, tmp_path):
-    """After ``header_with_first_library`` (compile_for_generate): the first graph's library starts the
-    missing .gch in the background and does not wait for it; a later library waits for it (at most
-    HEADER_WAIT_S); without the call, or with the .gch there, nothing is started."""
+def _behind_build_gate(monkeypatch, fail: bool = False):
+    """``_build`` held until the returned event is set (then built as usual, or raising)."""
     import threading
-    import time
 
-    header = tmp_path / "awq_prefix.h"
-    monkeypatch.setattr(graph_library, "prefix_header", lambda: str(header))
-    monkeypatch.setattr(graph_library, "_prefix_thread", None)
-    monkeypatch.setattr(graph_library, "_header_with_first_library", False)
-    started, release = [], threading.Event()
+    gate = threading.Event()
+    build = graph_library._build
 
-    def slow_build():
-        started.append(threading.current_thread())
-        release.wait(30)
-        (tmp_path / "awq_prefix.h.gch").write_bytes(b"gch")
+    def held(batch):
+        assert gate.wait(60)
+        if fail:
+            raise RuntimeError("g++ said no")
+        return build(batch)
 
-    monkeypatch.setattr(graph_library, "build_prefix_header", slow_build)
-    graph_library._header_in_idle_core()
-    assert graph_library._prefix_thread is None and started == []  # not asked for: nothing
-    graph_library.header_with_first_library()
-    t0 = time.perf_counter()
-    graph_library._header_in_idle_core()  # the first library: started, not waited for
-    assert time.perf_counter() - t0 < 1.0
-    thread = graph_library._prefix_thread
-    assert thread is not None
-    while not started:
-        time.sleep(0.001)
-    threading.Timer(0.3, release.set).start()
-    t0 = time.perf_counter()
-    graph_library._header_in_idle_core()  # the next library: waits until the .gch is there
-    assert 0.2 < time.perf_counter() - t0 < graph_library.HEADER_WAIT_S + 1.0
-    assert (tmp_path / "awq_prefix.h.gch").exists() and not thread.is_alive()
-    graph_library._header_in_idle_core()  # .gch there: nothing more
-    assert len(started) == 1
+    monkeypatch.setattr(graph_library, "_build", held)
+    return gate
+
+
+def test_a_graph_runs_eager_until_its_library_is_built_behind_it(monkeypatch, inductor_clean):
+    """compile_for_generate's backend: the first calls run the graph's own FX code while the
+    library builds in the background, later calls the library's kernels, for good; the plain
+    backend builds before its first call returns."""
+    from awq_inductor.inductor.backend import awq_inductor_backend_behind
+    from awq_inductor.integrations.generation import wait_until_compiled
+
+    gate = _behind_build_gate(monkeypatch)
+    x, w = _inputs()
+    built, eager = list(graph_library.libraries), graph_library.eager_calls[0]
+    f = torch.compile(_kernels, backend=awq_inductor_backend_behind)
+    for _ in range(2):
+        torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+    assert graph_library.eager_calls[0] == eager + 2 and graph_library.libraries == built
+    assert not wait_until_compiled(timeout=0.05)
+    gate.set()
+    assert wait_until_compiled(timeout=60)
+    assert len(graph_library.libraries) == len(built) + 1  # built by the background thread
+    for _ in range(2):
+        torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+    assert graph_library.eager_calls[0] == eager + 2  # compiled from now on
+    torch._dynamo.reset()
+    g = torch.compile(_kernels, backend="awq_inductor")
+    torch.testing.assert_close(g(x * 3, w), _kernels(x * 3, w), rtol=1e-4, atol=1e-4)
+    assert graph_library.eager_calls[0] == eager + 2
+
+
+def test_a_library_that_fails_behind_its_graph_raises_at_the_first_compiled_call(monkeypatch, inductor_clean):
+    """Never eager for good in silence: the build's error comes back where the compiled code is
+    first called."""
+    from awq_inductor.inductor.backend import awq_inductor_backend_behind
+    from awq_inductor.integrations.generation import wait_until_compiled
+
+    gate = _behind_build_gate(monkeypatch, fail=True)
+    x, w = _inputs()
+    f = torch.compile(_kernels, backend=awq_inductor_backend_behind)
+    torch.testing.assert_close(f(x, w), _kernels(x, w), rtol=1e-4, atol=1e-4)
+    gate.set()
+    assert wait_until_compiled(timeout=60)
+    with pytest.raises(RuntimeError, match="g\\+\\+ said no"):
+        f(x, w)

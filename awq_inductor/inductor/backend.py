@@ -58,6 +58,16 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
 
     ``options=`` / ``config_patches=`` (a dict of Inductor config) is merged into the patches.
     """
+    return _compile(gm, example_inputs, False, kwargs)
+
+
+def awq_inductor_backend_behind(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """:func:`awq_inductor_backend` whose graphs run eager until their C++ library, built in a
+    background thread, is there (``compile_for_generate``; ``graph_library.libraries_behind``)."""
+    return _compile(gm, example_inputs, True, kwargs)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs, behind: bool, kwargs: dict):
     extra = {}
     mode = kwargs.pop("mode", None)
     if mode and mode != "default":
@@ -73,7 +83,7 @@ def awq_inductor_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     tune_graph(gm)
     build_libraries(gm)
     register()
-    return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra))
+    return lowering.compile_with_inductor(gm, example_inputs, backend_config_patches(extra), behind)
 
 
 def route_bf16_linears(gm: torch.fx.GraphModule) -> int:

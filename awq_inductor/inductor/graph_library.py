@@ -32,10 +32,13 @@ flags, and otherwise parses the header as before (never different code). It is b
 time (``python -m awq_inductor tune``, the test session's start), not inside a first compile: on a
 2-core machine a cold compile leaves no core idle, and a niced build beside the tiny Llama demo's
 first ``generate`` still slowed its library builds (a 3.9 s one took 6.3 s; first 32 tokens
-after / before 1.17, 1.02, 0.93 in three interleaved cold pairs, 12-03). The exception, after
-``compile_for_generate`` (:func:`header_with_first_library`): beside the first graph's library,
-whose g++ the main thread waits on with the other core idle; the next graph's library waits for it
-(the demo's decode-graph library: 1.2 s instead of 2.7 s of g++, AMX Xeon, 12-06).
+after / before 1.17, 1.02, 0.93 in three interleaved cold pairs, 12-03). Nor beside the first
+graph's library where graphs build behind their first calls (:func:`libraries_behind`):
+the main thread no longer waits there, and the cold demo's whole job took 15.6-18.4 s without it,
+17.3-19.5 s with it (four interleaved runs each, first tokens alike; AMX Xeon, 12-06).
+
+Inside :func:`libraries_behind` (the backend ``compile_for_generate`` uses) a graph's library is
+built in a background thread and the graph runs eager until it is there (:class:`EagerUntilBuilt`).
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ import re
 import shlex
 import subprocess
 import threading
+import weakref
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -162,6 +166,14 @@ def _cpp_pybinding(self, argtypes, source_code):
 
 def _wait(self, scope: dict) -> None:
     batch = getattr(_state, "batch", None)
+    behind = getattr(_state, "behind", None)
+    if batch is not None and behind is not None:
+        _state.batch = None  # the build runs in another thread; later kernels start a new batch
+        behind.append(BehindBuild(batch, scope))
+        rest = {key: value for key, value in scope.items() if not isinstance(value, PendingKernel)}
+        _ORIGINAL["wait"](self, rest)
+        scope.update(rest)
+        return None
     if batch is not None:
         batch.build()
     for key, value in list(scope.items()):
@@ -170,10 +182,102 @@ def _wait(self, scope: dict) -> None:
     return _ORIGINAL["wait"](self, scope)
 
 
+@contextlib.contextmanager
+def libraries_behind():
+    """Inside, each generated module's library is built in a background thread instead of before
+    the module returns; yields the list of their :class:`BehindBuild`. Why: the main thread waited
+    on each graph's g++ run with nothing to do (the tiny Llama demo's first ``generate``, cold, AMX
+    Xeon, 12-06: 3.8 s for the prefill graph's library, then 1.6-2.7 s for the decode graph's, of a
+    14.3 s first 32 tokens); the graph runs eager meanwhile (:class:`EagerUntilBuilt`), as in
+    Inductor's own ``fx_compile_async`` mode (a compile in a subprocess, eager until it is ready)."""
+    outer = getattr(_state, "behind", None)
+    _state.behind = []
+    try:
+        yield _state.behind
+    finally:
+        _state.behind = outer
+
+
+class BehindBuild:
+    """One generated module's library, built in a background thread: its kernels then replace
+    the module's pending ones (the module's ``call`` reads them from its globals)."""
+
+    def __init__(self, batch: KernelBatch, scope: dict):
+        self.batch, self.scope = batch, scope
+        self.error: Optional[BaseException] = None
+        self._done = threading.Event()
+        self.thread = background.start("awq-graph-library", self._run)
+
+    def _run(self) -> None:
+        try:
+            with background.build_step():
+                self.batch.build()
+            for key, value in list(self.scope.items()):
+                if isinstance(value, PendingKernel) and value.batch is self.batch:
+                    self.scope[key] = value.result()
+        except BaseException as e:  # noqa: BLE001  (the compiled call raises it again, with context)
+            self.error = e
+        finally:
+            self._done.set()
+
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._done.wait(timeout)
+
+
+#: Calls run eager by :class:`EagerUntilBuilt` while their library built (tests, the demo's line).
+eager_calls = [0]
+_pending: "weakref.WeakSet[EagerUntilBuilt]" = weakref.WeakSet()  # graphs with builds not seen finished
+
+
+class EagerUntilBuilt:
+    """What the backend returns for a graph whose library builds behind (:func:`libraries_behind`):
+    ``eager`` (the graph's own FX module) until every build has finished, then ``compiled`` for
+    good; a failed build raises at the first compiled call, as a build inside the compile would
+    have. The first eager call says so once (INFO)."""
+
+    def __init__(self, compiled: Callable, eager: Callable, builds: List[BehindBuild]):
+        self._compiled, self._eager, self._builds = compiled, eager, builds
+        _pending.add(self)
+
+    def __getattr__(self, name: str):
+        return getattr(self._compiled, name)
+
+    def __call__(self, *args):
+        if self._builds is not None:
+            if not all(b.finished() for b in self._builds):
+                if eager_calls[0] == 0:
+                    log.info("awq_inductor: graphs run eager until their C++ libraries are built "
+                             "(in the background; then compiled for good)")
+                eager_calls[0] += 1
+                return self._eager(*args)  # Dynamo calls a backend's function unboxed
+            self._builds = None
+            _pending.discard(self)
+        return self._compiled(*args)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return all(b.wait(timeout) for b in self._builds or ())
+
+
+def wait_for_libraries(timeout: Optional[float] = None) -> bool:
+    """Wait until every library building behind its graph's first calls is built (timings that
+    must measure the compiled code call this first). True when none is left building."""
+    return all(g.wait(timeout) for g in list(_pending))
+
+
+def eager_copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A module running ``gm``'s graph as it is now (Inductor's passes rewrite ``gm.graph`` in place
+    during the compile)."""
+    import copy
+
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+
 def _build(batch: KernelBatch) -> list:
     """The batch's functions: its libraries (one per :data:`KERNELS_PER_LIBRARY` kernels, built in
     parallel where Inductor has compile threads), else each kernel built by Inductor."""
-    _header_in_idle_core()
     n = len(batch.kernels)
     chunks = [range(s, min(n, s + KERNELS_PER_LIBRARY)) for s in range(0, n, KERNELS_PER_LIBRARY)]
     parallel = len(chunks) > 1 and inductor_async.get_compile_threads() > 1
@@ -250,42 +354,6 @@ def _cut(text: str, marker: str) -> tuple:
 PREFIX_HEADER = "torch/csrc/inductor/cpp_prefix.h"
 _prefix_thread: Optional[threading.Thread] = None
 _prefix_lock = threading.Lock()
-_header_with_first_library = False
-#: Longest wait of a library for the header being built beside the graph before it: about the
-#: header's parse that the wait saves (2.3 s of every library's g++ run on the AMX Xeon, 12-06).
-HEADER_WAIT_S = 2.0
-
-
-def header_with_first_library() -> None:
-    """Where more graphs will follow the first (``compile_for_generate``: prefill, then decode),
-    build the precompiled header beside the first graph's library and let the next library wait
-    for it (:func:`_header_in_idle_core`)."""
-    global _header_with_first_library
-    _header_with_first_library = True
-
-
-def _header_in_idle_core() -> None:
-    """Start the missing ``.gch`` (a niced background build) as the first library's g++ starts, or,
-    for a later library, wait for it up to :data:`HEADER_WAIT_S`; only after
-    :func:`header_with_first_library`. Why: while a library builds, the main thread waits on its
-    g++ and the second core is idle, and it stays idle while the main thread traces the next graph
-    (the tiny Llama demo on 2 cores: 3.3 s + 2.3 s); the header's build (6.4 s alone on the AMX
-    Xeon) fits there, and the decode graph's library then skips the header's parse. Built beside
-    the first generate from its start it had slowed the library builds (module docstring)."""
-    if not _header_with_first_library:
-        return
-    try:
-        if os.path.exists(prefix_header() + ".gch"):
-            return
-    except Exception:  # noqa: BLE001  (an optimisation: prefix_header_flags says why once)
-        return
-    thread = _prefix_thread
-    if thread is None:
-        start_prefix_header()
-    elif thread.is_alive() and thread is not threading.current_thread():
-        thread.join(HEADER_WAIT_S)
-
-
 def _library_options(precompiling: bool, extra_flags: Sequence[str] = ()):
     """The build options ``CppPythonBindingsCodeCache.load_async`` gives a library in :func:`_build`
     (CPU, this machine's vector ISA, Inductor's own header precompiling off: it defines a macro),

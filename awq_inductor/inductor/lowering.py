@@ -718,14 +718,23 @@ def inductor_mode_options(mode: str) -> dict:
     return dict(list_mode_options(mode))
 
 
-def compile_with_inductor(gm, example_inputs, config_patches: dict):
+def compile_with_inductor(gm, example_inputs, config_patches: dict, behind: bool = False):
     """``compile_fx`` (the ``inductor`` backend) with ``config_patches``, each generated module's
-    C++ kernels built as one library (:mod:`.graph_library`; the caller registers our lowering)."""
+    C++ kernels built as one library (:mod:`.graph_library`; the caller registers our lowering).
+    ``behind``: the libraries are built in background threads and the graph runs eager until they
+    are there (:func:`.graph_library.libraries_behind`; where the one-library build is not
+    available, built before this returns, as without)."""
     from torch._inductor.compile_fx import compile_fx
 
     require_cxx()  # a clear CompilerNotFoundError now rather than one from deep inside Inductor
-    with graph_library_context():
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    library = _graph_library()
+    behind_ctx = library.libraries_behind() if behind and library is not None else contextlib.nullcontext()
+    with graph_library_context(), behind_ctx as behind:
+        eager = library.eager_copy(gm) if behind is not None else None
+        compiled = compile_fx(gm, example_inputs, config_patches=config_patches)
+    if behind:
+        return library.EagerUntilBuilt(compiled, eager, list(behind))
+    return compiled
 
 
 def _graph_library():
@@ -756,12 +765,10 @@ def start_graph_library_header() -> None:
         library.start_prefix_header(prepare=warm_compiler)
 
 
-def header_with_first_graph() -> None:
-    """:func:`.graph_library.header_with_first_library` (``compile_for_generate``: a prefill and a
-    decode graph will be built); nothing where the one-library build is not available."""
+def wait_for_libraries(timeout: Optional[float] = None) -> bool:
+    """:func:`.graph_library.wait_for_libraries`; True where the one-library build is not available."""
     library = _graph_library()
-    if library is not None:
-        library.header_with_first_library()
+    return True if library is None else library.wait_for_libraries(timeout)
 
 
 def graph_library_context():

@@ -99,13 +99,15 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
     ``regional=True`` (default): each decoder layer kind is compiled once and its code reused for
     every layer (:mod:`awq_inductor.integrations.regional`), the outer forward stays eager; where a
     model has no repeated decoder layers, or with ``regional=False``, ``model.forward`` is compiled
-    whole."""
+    whole. With our backend each compiled graph runs eager (op by op) for its first calls, until
+    its C++ library is built in the background, then compiled for good: the first tokens do not
+    wait for g++; :func:`wait_until_compiled` waits for it (before timing)."""
     stable_cache_strides()
     normalize_generation_inputs(model)
     warn_once_on_recompile_limit()
     if backend not in _NO_CPP_BACKENDS:
         warm_inductor()
-        _header_with_first_graph()
+        backend = _behind_first_calls(backend)
     prebuild_native_kernels(model)
     if regional:
         from . import regional as regions
@@ -197,16 +199,26 @@ def warm_inductor() -> None:
         log.debug("awq_inductor: no Inductor warm-up: %s", e)
 
 
-def _header_with_first_graph() -> None:
-    """The graph libraries' precompiled header is built beside the first graph's library (a prefill
-    and a decode graph follow: ``graph_library.header_with_first_library``); an optimisation, skipped
-    where Inductor's internals moved."""
+def _behind_first_calls(backend):
+    """Our backend in the form that builds each graph's C++ library behind its first calls (they
+    run eager until it is built: ``awq_inductor_backend_behind``); any other backend as it is."""
+    try:
+        from ..inductor.backend import BACKEND_NAME, awq_inductor_backend, awq_inductor_backend_behind
+    except Exception as e:  # noqa: BLE001  (Inductor's internals moved: the backend builds as it can)
+        log.debug("awq_inductor: no build behind the first calls: %s", e)
+        return backend
+    return awq_inductor_backend_behind if backend in (BACKEND_NAME, awq_inductor_backend) else backend
+
+
+def wait_until_compiled(timeout: Optional[float] = None) -> bool:
+    """Wait until the graphs of models compiled by :func:`compile_for_generate` run compiled code:
+    their C++ libraries build in the background while their first calls run eager. Call it before
+    timing compiled code. True when nothing is left building."""
     try:
         from ..inductor import lowering
-
-        lowering.header_with_first_graph()
-    except Exception as e:  # noqa: BLE001
-        log.debug("awq_inductor: no header beside the first graph: %s", e)
+    except Exception:  # noqa: BLE001  (no lowering: nothing builds behind)
+        return True
+    return lowering.wait_for_libraries(timeout)
 
 
 def uncompile(model: nn.Module) -> nn.Module:
