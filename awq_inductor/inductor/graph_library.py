@@ -204,19 +204,18 @@ class BehindBuild:
 
     def __init__(self, batch: KernelBatch, scope: dict):
         self.batch, self.scope = batch, scope
-        self.error: Optional[BaseException] = None
         self._done = threading.Event()
         self.thread = background.start("awq-graph-library", self._run)
 
     def _run(self) -> None:
+        # a failure leaves the module's kernels pending: its first compiled call builds again and
+        # raises there, with its context (background.start logs it at debug level only)
         try:
             with background.build_step():
                 self.batch.build()
             for key, value in list(self.scope.items()):
                 if isinstance(value, PendingKernel) and value.batch is self.batch:
                     self.scope[key] = value.result()
-        except BaseException as e:  # noqa: BLE001  (the compiled call raises it again, with context)
-            self.error = e
         finally:
             self._done.set()
 
