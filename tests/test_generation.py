@@ -36,12 +36,21 @@ def _tiny_model(tmp_path, layers: int = 2):
 
 
 def _generate_alike(model, calls, compiled_call, eager_call):
-    """Each call of ``calls`` (batch, longest prompt) through both callables: same tokens."""
+    """Each call of ``calls`` (batch, longest prompt) through both callables: same tokens. The
+    compiled call is made twice: a graph it compiles runs eager until its C++ is built, the second
+    runs the compiled code (no call run eager)."""
+    from awq_inductor import wait_until_compiled
+    from awq_inductor.inductor import graph_library
+
     for i, (b, n) in enumerate(calls):
         ids, mask = _batch(b, n, seed=i)
         kw = {} if b == 1 and i % 2 else {"attention_mask": mask}  # batch-1 calls with and without a mask
         with compiled_call():
+            model.generate(ids, **kw, **GEN)
+            assert wait_until_compiled(timeout=120)
+            eager_calls = graph_library.eager_calls[0]
             got = model.generate(ids, **kw, **GEN)
+            assert graph_library.eager_calls[0] == eager_calls, (i, b, n)
         with eager_call():
             want = model.generate(ids, **kw, **GEN)
         assert torch.equal(got, want), (i, b, n)
