@@ -78,6 +78,7 @@ class _Forward:
 CALLS = [(1, 12), (2, 17), (3, 9), (1, 5), (4, 21), (2, 8), (1, 30), (8, 13)]
 
 
+@pytest.mark.builds_behind
 def test_varied_generate_calls_stay_compiled_whole_model(tmp_path, caplog):
     model = _tiny_model(tmp_path, layers=1)  # the guards are those of any depth; a whole-model compile grows with it
     eager_forward = model.forward
@@ -95,6 +96,7 @@ def test_varied_generate_calls_stay_compiled_whole_model(tmp_path, caplog):
     torch._dynamo.reset()
 
 
+@pytest.mark.builds_behind
 def test_varied_generate_calls_stay_compiled_regional(tmp_path, caplog):
     """The default, one compiled decoder layer for all: the same tokens as eager over calls of batch
     1-16, prompt lengths 1-200, with and without padding; 4 graphs for the main sequence (prefill and
