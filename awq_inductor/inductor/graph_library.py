@@ -235,7 +235,8 @@ class EagerUntilBuilt:
     """What the backend returns for a graph whose library builds behind (:func:`libraries_behind`):
     ``eager`` (the graph's own FX module) until every build has finished, then ``compiled`` for
     good; a failed build raises at the first compiled call, as a build inside the compile would
-    have. The first eager call says so once (INFO)."""
+    have. Said where it is chosen (``compile_for_generate``), not here: no log line inside a
+    ``generate``'s streamed text."""
 
     def __init__(self, compiled: Callable, eager: Callable, builds: List[BehindBuild]):
         self._compiled, self._eager, self._builds = compiled, eager, builds
@@ -247,9 +248,6 @@ class EagerUntilBuilt:
     def __call__(self, *args):
         if self._builds is not None:
             if not all(b.finished() for b in self._builds):
-                if eager_calls[0] == 0:
-                    log.info("awq_inductor: graphs run eager until their C++ libraries are built "
-                             "(in the background; then compiled for good)")
                 eager_calls[0] += 1
                 return self._eager(*args)  # Dynamo calls a backend's function unboxed
             self._builds = None

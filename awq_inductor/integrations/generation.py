@@ -207,7 +207,11 @@ def _behind_first_calls(backend):
     except Exception as e:  # noqa: BLE001  (Inductor's internals moved: the backend builds as it can)
         log.debug("awq_inductor: no build behind the first calls: %s", e)
         return backend
-    return awq_inductor_backend_behind if backend in (BACKEND_NAME, awq_inductor_backend) else backend
+    if backend not in (BACKEND_NAME, awq_inductor_backend):
+        return backend
+    log.info("awq_inductor: each compiled graph runs eager for its first calls, until its C++ is built "
+             "in the background (wait_until_compiled() waits for it)")
+    return awq_inductor_backend_behind
 
 
 def wait_until_compiled(timeout: Optional[float] = None) -> bool:
