@@ -166,14 +166,15 @@ def _stream(model, tokenizer, ids, new_tokens: int, label: str) -> bool:
          f"the prompt in [brackets]):")
     sys.stdout.write("[" + tokenizer.decode(ids[0]) + "]")
     streamer = transformers.TextStreamer(tokenizer, skip_prompt=True)
-    eager_before = _eager_calls()
+    compiled = "compiled" in label
+    eager_before = _eager_calls() if compiled else 0
     t0 = time.perf_counter()
     with torch.no_grad():
         model.generate(ids[:1], max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                        repetition_penalty=1.3, pad_token_id=tokenizer.pad_token_id or 0, streamer=streamer)
     dt = time.perf_counter() - t0
-    how = ", including compilation" if "compiled" in label else ""
-    eager = _eager_calls() - eager_before
+    how = ", including compilation" if compiled else ""
+    eager = _eager_calls() - eager_before if compiled else 0
     if eager:
         how += f"; {eager} layer calls ran eager while the compiled code's C++ built"
     _log(f"\n  ({new_tokens} tokens in {dt:.1f}s{how}; timed runs follow)")
