@@ -393,9 +393,9 @@ def test_backend_tunes_before_inductor_computes_its_cache_key(tune_dir, monkeypa
     seen = {}
     real = lowering.compile_with_inductor
 
-    def spy(gm, example_inputs, patches):
+    def spy(gm, example_inputs, patches, *behind):
         seen["plans"] = json.load(open(tuning_cache.cache_path()))["plans"] if os.path.exists(tuning_cache.cache_path()) else {}
-        return real(gm, example_inputs, patches)
+        return real(gm, example_inputs, patches, *behind)
 
     monkeypatch.setattr(lowering, "compile_with_inductor", spy)
     monkeypatch.setattr(tuner, "kernel_timer", lambda op, isa, dt, K, n, G: fake_timer(
