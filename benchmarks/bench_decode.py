@@ -38,7 +38,7 @@ import bw_probe  # noqa: E402
 import awq_inductor  # noqa: E402
 from awq_inductor import AWQLinear  # noqa: E402
 from awq_inductor.baselines import Int4PackLinear  # noqa: E402
-from awq_inductor.kernels import hugepages, isa as isa_mod, tuning_cache  # noqa: E402
+from awq_inductor.kernels import hugepages, isa as isa_mod, plan as kplan, tuning_cache  # noqa: E402
 
 LLAMA7B = [(4096, 4096), (4096, 11008), (11008, 4096), (4096, 12288)]
 
@@ -73,6 +73,15 @@ def make_layer(K, N, G, seed):
 
 def _nbytes(mod) -> int:
     return sum(b.numel() * b.element_size() for b in mod.buffers() if b is not None)
+
+
+def _read_nbytes(layer, M: int, dtype) -> int:
+    """Bytes of ``layer``'s buffers its kernel path reads at M rows (``plan.weights_read``; a bias
+    and the other buffers counted as before)."""
+    op, isa = layer.op, isa_mod.select()
+    plan = tuning_cache.plan_for(op, isa, dtype, layer.in_features, layer.out_features, layer.group_size)
+    skipped = {w.name for w in op.scheme.weights} - {w.name for w in kplan.weights_read(plan, op, isa, dtype, M)}
+    return sum(b.numel() * b.element_size() for n, b in layer.named_buffers() if b is not None and n not in skipped)
 
 
 def build_copies(K, N, G, dtype, cold_bytes, act_quant=None):
@@ -189,11 +198,11 @@ def main(argv=None):
                 if w4a8:
                     fns["w4a8"] = w4a8
                 t = time_interleaved(fns, x, a.reps, rewarm=None if a.no_rewarm else warm)
-                row = {"K": K, "N": N, "M": M, "copies": len(ours), "ours_bytes": _nbytes(ours[0]) + io,
+                row = {"K": K, "N": N, "M": M, "copies": len(ours), "ours_bytes": _read_nbytes(ours[0], M, dtype) + io,
                        "aten_bytes": _nbytes(aten[0]) + io, "probe_bytes": probe_bytes}
                 row["compiled_bytes"] = row["ours_bytes"]
                 if w4a8:
-                    row["w4a8_bytes"] = _nbytes(w4a8[0]) + io
+                    row["w4a8_bytes"] = _read_nbytes(w4a8[0], M, dtype) + io
                 for k in fns:
                     row[f"{k}_ms"] = t[k]
                     row[f"{k}_gbs"] = row[f"{k}_bytes"] / (row[f"{k}_ms"] * 1e-3) / 1e9

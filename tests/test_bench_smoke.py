@@ -84,7 +84,10 @@ def test_bench_decode_smoke(tmp_path):
     assert [r["M"] for r in rows] == [1, 8]
     for r in rows:
         assert r["ours_ms"] > 0 and r["aten_ms"] > 0 and 0 < r["ours_share"] and r["copies"] >= 2
-        assert r["w4a8_ms"] > 0 and r["w4a8_bytes"] > r["ours_bytes"]  # + the int32 compensation
+        # the same nibbles, scales and zeros; comp only where the path reads it (not W4A8's register
+        # decode kernel, which M = 1 takes; M = 8 takes AMX int8 tiles on an AMX host)
+        assert r["w4a8_ms"] > 0 and r["w4a8_bytes"] >= r["ours_bytes"]
+    assert rows[0]["w4a8_bytes"] == rows[0]["ours_bytes"]
     table = open(tmp_path / "bench_decode_smoke.md").read()
     assert "| ours share |" in table and "| w4a8 share |" in table
 

@@ -70,6 +70,21 @@ def test_path_for_mirrors_the_driver_order():
     assert kplan.path_for(plan, W4A8, "avx512", bf16, 512) == "vnni"
 
 
+def test_weights_read_leave_out_comp_only_on_w4a8s_register_decode_kernel():
+    """Bandwidth figures count what the path reads: W4A8's register decode kernel (up to kDecodeM
+    rows of the vnni path) folds the zero point with the activations' group sums, never reading comp."""
+    from awq_inductor.kernels import codegen
+
+    text = (codegen.template_dir() / "schemes" / "w4a8.h.j2").read_text()
+    assert f"constexpr int64_t kDecodeM = {kplan.A8_DECODE_MAX_M};" in text  # the mirror holds
+    plan = kplan.Plan(amx_min_m=64, panel_min_m=8, bf16_f32_min_m=3, dense_min_m=1024)
+    bf16 = torch.bfloat16
+    names = lambda op, isa, m: [w.name for w in kplan.weights_read(plan, op, isa, bf16, m)]  # noqa: E731
+    assert names(W4A8, "amx", 1) == names(W4A8, "avx512", 32) == ["qweight", "scales", "zeros"]
+    assert names(W4A8, "avx512", 33) == names(W4A8, "amx", 64) == ["qweight", "scales", "zeros", "comp"]
+    assert names(W4A16, "avx512", 1) == [w.name for w in W4A16.scheme.weights]
+
+
 def test_choose_follows_the_timings():
     ms = tuner.M_BUCKETS
     times = {  # decode best below 4 rows, fp32 rows for 4..8, panel from 16, dense from 1024

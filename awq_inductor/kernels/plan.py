@@ -18,7 +18,7 @@ from typing import Dict, NamedTuple, Tuple
 import torch
 
 from .. import config
-from ..schemes import W4A8, Op
+from ..schemes import COMP, W4A8, Op, Tensor
 
 #: "never": a threshold no M reaches.
 NEVER = 1 << 40
@@ -145,6 +145,20 @@ def path_for(plan: Plan, op: Op, isa: str, x_dtype: torch.dtype, M: int) -> str:
         if M < plan.bf16_f32_min_m:
             return "decode_bf16"
     return "panel" if M >= plan.panel_min_m else "f32_rows"
+
+
+#: Rows up to which W4A8's ``vnni`` path runs its register decode kernel (``kDecodeM`` in
+#: schemes/w4a8.h.j2): it folds the zero point with the activations' group sums, never reading ``comp``.
+A8_DECODE_MAX_M = 32
+
+
+def weights_read(plan: Plan, op: Op, isa: str, x_dtype: torch.dtype, M: int) -> Tuple[Tensor, ...]:
+    """The op's weight tensors the path ``plan`` selects for M rows reads (the bytes a bandwidth
+    figure counts): all of them but ``comp`` on W4A8's register decode kernel (+5.8 % of the bytes at
+    G = 128, which M = 1 shares of the probe had counted)."""
+    if op.scheme is W4A8 and M <= A8_DECODE_MAX_M and path_for(plan, op, isa, x_dtype, M) == "vnni":
+        return tuple(w for w in op.scheme.weights if w is not COMP)
+    return op.scheme.weights
 
 
 def candidate_of(path: str) -> str:
