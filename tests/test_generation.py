@@ -195,3 +195,77 @@ def test_trace_settings_hold_during_the_call_and_are_restored():
         run(fail=True)
     assert seen == [(False, True), (False, True)]
     assert (shapes.use_duck_shape, dynamo.specialize_float) == before
+
+
+def test_layer_kind_pins_what_the_compiled_step_bakes_in(tmp_path):
+    """Layers of one kind differ only in tensors and layer_idx; an attribute value, a hook or a
+    submodule class that differs makes another kind (the steps skip Dynamo's module guards)."""
+    from awq_inductor.integrations.regional import layer_kind
+
+    model = _tiny_model(tmp_path, layers=3)
+    first, second, third = model.model.layers
+    assert layer_kind(first) == layer_kind(second) == layer_kind(third)
+    second.input_layernorm.variance_epsilon = 1e-3
+    assert layer_kind(second) != layer_kind(first)
+    third.mlp.register_forward_hook(lambda *args: None)
+    assert layer_kind(third) != layer_kind(first)
+    first.self_attn.layer_idx = 7  # only the cache view receives it, and ignores it
+    assert layer_kind(first) == layer_kind(model.model.layers[0])
+
+
+def _strided_like(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values with stride 2: compiled code that assumed a contiguous tensor would read the
+    zeros in between."""
+    return torch.stack([t, torch.zeros_like(t)], dim=-1).reshape(*t.shape[:-1], -1)[..., ::2]
+
+
+def test_regional_steps_keep_tensor_guards_and_module_guards_on_request(tmp_path):
+    """Default steps: a layer weight with new strides recompiles (the tensor guards stay), so
+    compiled equals eager. ``module_guards=True``: an attribute changed after compiling is seen."""
+    from awq_inductor.integrations.generation import uncompile
+
+    model = _tiny_model(tmp_path)
+    ids, mask = _batch(2, 9, seed=3)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        compile_for_generate(model)
+        model.generate(ids, attention_mask=mask, **GEN)
+        norm = model.model.layers[1].post_attention_layernorm
+        norm.weight.data = _strided_like(norm.weight.data)
+        got = model.generate(ids, attention_mask=mask, **GEN)
+        with _dynamo_disabled():
+            want = model.generate(ids, attention_mask=mask, **GEN)
+        assert torch.equal(got, want)
+
+        uncompile(model)
+        torch._dynamo.reset()
+        compile_for_generate(model, module_guards=True)
+        logits = model(ids, attention_mask=mask).logits
+        for layer in model.model.layers:
+            layer.input_layernorm.variance_epsilon = 0.5
+        changed = model(ids, attention_mask=mask).logits
+        with _dynamo_disabled():
+            want = model(ids, attention_mask=mask).logits
+        assert not torch.allclose(changed, logits) and torch.allclose(changed, want, atol=1e-4, rtol=1e-4)
+    torch._dynamo.reset()
+
+
+def test_the_layer_step_guard_filter_drops_module_attributes_only():
+    """Module attribute guards go; tensor guards, guards outside the modules and a guard on
+    ``layer_idx`` (not part of the kind) stay."""
+    from types import SimpleNamespace
+
+    from awq_inductor.integrations.regional import keep_guard
+
+    def entry(guard_type, in_module, name):
+        source = None if in_module is None else SimpleNamespace(is_unspecialized_nn_module=lambda: in_module)
+        return SimpleNamespace(guard_type=guard_type, name=name, orig_guard=SimpleNamespace(source=source))
+
+    layer = "L['forward'].__self__"
+    assert not keep_guard(entry("EQUALS_MATCH", True, f"{layer}._modules['self_attn'].scaling"))
+    assert not keep_guard(entry("ID_MATCH", True, f"{layer}._modules['mlp']"))
+    assert keep_guard(entry("EQUALS_MATCH", True, f"{layer}._modules['self_attn'].layer_idx"))
+    assert keep_guard(entry("TENSOR_MATCH", True, f"{layer}._modules['o_proj']._buffers['qweight']"))
+    assert keep_guard(entry("TENSOR_MATCH", False, "L['args'][0]"))
+    assert keep_guard(entry("EQUALS_MATCH", False, "L['kwargs']['use_cache']"))
+    assert keep_guard(entry("GLOBAL_STATE", None, ""))

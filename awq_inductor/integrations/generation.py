@@ -92,7 +92,7 @@ def normalize_generation_inputs(model: nn.Module) -> None:
 
 
 def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Optional[bool] = True,
-                         regional: bool = True, **compile_kwargs) -> nn.Module:
+                         regional: bool = True, module_guards: bool = False, **compile_kwargs) -> nn.Module:
     """Compile ``model`` for ``generate`` with :func:`stable_cache_strides` and
     :func:`normalize_generation_inputs`; returns ``model``.
 
@@ -101,7 +101,12 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
     model has no repeated decoder layers, or with ``regional=False``, ``model.forward`` is compiled
     whole. With our backend each compiled graph runs eager (op by op) for its first calls, until
     its C++ library is built in the background, then compiled for good: the first tokens do not
-    wait for g++; :func:`wait_until_compiled` waits for it (before timing)."""
+    wait for g++; :func:`wait_until_compiled` waits for it (before timing).
+
+    ``module_guards`` (regional only): False (default) skips Dynamo's per-call checks of the
+    decoder layers' module attributes, which every layer kind pins when compiled
+    (:func:`awq_inductor.integrations.regional.keep_guard`): change a layer's modules, attributes or
+    hooks after this call and call :func:`uncompile` and this again. Tensors stay guarded."""
     stable_cache_strides()
     normalize_generation_inputs(model)
     warn_once_on_recompile_limit()
@@ -113,7 +118,8 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
         from . import regional as regions
 
         try:
-            regions.compile_regions(model, backend=backend, dynamic=dynamic, **compile_kwargs)
+            regions.compile_regions(model, backend=backend, dynamic=dynamic, module_guards=module_guards,
+                                    **compile_kwargs)
             return model
         except ValueError as e:
             log.warning("awq_inductor: compiling %s.forward whole, not per decoder layer: %s",
