@@ -12,9 +12,11 @@ hitting its recompile limit (8) at 4 layers. Here each layer gets a :class:`Laye
 outside the compiled code, that already holds its own cache layer and ignores the index: the int
 is then passed through untouched and never guarded on (checked: 1 graph for 5 instances).
 
-One compiled function per layer kind (the layer's module tree: DeepSeek-V3's dense first layers and
-its MoE layers are two kinds), each with an isolated recompile budget (``torch.compile``'s
-``isolate_recompiles``), so two kinds never share Dynamo's limit.
+One compiled function per layer kind (the layer's module tree and its modules' attribute values:
+DeepSeek-V3's dense first layers and its MoE layers are two kinds, so are Gemma's sliding and full
+attention layers), each with an isolated recompile budget (``torch.compile``'s
+``isolate_recompiles``), so two kinds never share Dynamo's limit, and without Dynamo's per-call
+guards on those attribute values, which the kind already pins (:func:`keep_guard`).
 """
 from __future__ import annotations
 
