@@ -16,7 +16,7 @@ recompiles=True)``):
 :func:`compile_for_generate` compiles with dynamic shapes from the first call, makes every forward
 generate issues look alike (``attention_mask`` always passed, ``None`` when it masks nothing: all
 ones is the same attention as no mask) and stores the first keys / values of each cache layer
-contiguous. The same sequence of calls then ends with 5 graphs and no recompile after the third
+contiguous, then writes later ones in place (:mod:`awq_inductor.integrations.kv_cache`). The same sequence of calls then ends with 5 graphs and no recompile after the third
 call (prefill and decode, batch 1 and more, with a padding mask): ``tests/test_generation.py``.
 By default the decoder layers are compiled regionally (:mod:`awq_inductor.integrations.regional`):
 compile work no longer grows with depth, and the sequence ends with 4 graphs per layer kind.
@@ -33,39 +33,12 @@ import torch
 from torch import nn
 
 from ..kernels import background
+from . import kv_cache
 
 log = logging.getLogger(__name__)
 
 #: Backends that generate no C++: nothing of Inductor's to warm up for them.
 _NO_CPP_BACKENDS = ("eager", "aot_eager", "aot_eager_decomp_partition")
-
-_STABLE_STRIDES = False
-
-
-def stable_cache_strides() -> None:
-    """transformers' ``DynamicLayer.update`` stores the first keys / values of a layer contiguous
-    (``clone(memory_format=contiguous_format)``: under torch.compile a plain ``.contiguous()`` is a
-    no-op, the fake tensor already claims contiguous strides). One copy of K and V per layer at
-    prefill, none at decode; values unchanged; process-wide and idempotent."""
-    global _STABLE_STRIDES
-    if _STABLE_STRIDES:
-        return
-    from transformers.cache_utils import DynamicLayer
-
-    update = DynamicLayer.update
-
-    @functools.wraps(update)
-    def first_insert_contiguous(self, key_states, value_states, *args, **kwargs):
-        first = not self.is_initialized or self.keys.numel() == 0
-        keys, values = update(self, key_states, value_states, *args, **kwargs)
-        if first and keys is self.keys and values is self.values:
-            self.keys = keys = keys.clone(memory_format=torch.contiguous_format)
-            self.values = values = values.clone(memory_format=torch.contiguous_format)
-        return keys, values
-
-    DynamicLayer.update = first_insert_contiguous
-    _STABLE_STRIDES = True
-
 
 def _mask_or_none(mask):
     """A 2-D padding mask that masks nothing is no mask (one attention path, one graph)."""
@@ -93,8 +66,9 @@ def normalize_generation_inputs(model: nn.Module) -> None:
 
 def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Optional[bool] = True,
                          regional: bool = True, module_guards: bool = False, **compile_kwargs) -> nn.Module:
-    """Compile ``model`` for ``generate`` with :func:`stable_cache_strides` and
-    :func:`normalize_generation_inputs`; returns ``model``.
+    """Compile ``model`` for ``generate`` with the KV cache written in place
+    (:mod:`awq_inductor.integrations.kv_cache`) and :func:`normalize_generation_inputs`; returns
+    ``model``.
 
     ``regional=True`` (default): each decoder layer kind is compiled once and its code reused for
     every layer (:mod:`awq_inductor.integrations.regional`), the outer forward stays eager; where a
@@ -107,7 +81,7 @@ def compile_for_generate(model: nn.Module, backend="awq_inductor", dynamic: Opti
     decoder layers' module attributes, which every layer kind pins when compiled
     (:func:`awq_inductor.integrations.regional.keep_guard`): change a layer's modules, attributes or
     hooks after this call and call :func:`uncompile` and this again. Tensors stay guarded."""
-    stable_cache_strides()
+    kv_cache.install()
     normalize_generation_inputs(model)
     warn_once_on_recompile_limit()
     if backend not in _NO_CPP_BACKENDS:

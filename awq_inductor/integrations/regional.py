@@ -27,6 +27,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from . import kv_cache
+
 log = logging.getLogger(__name__)
 
 # keyword names under which transformers passes the cache to a decoder layer (5.24: "cache";
@@ -195,6 +197,13 @@ def trace_settings(forward: Callable) -> Callable:
     return run
 
 
+def _new_tokens(args, kwargs) -> int:
+    """The tokens this layer call adds to the cache: the hidden states' rows ([batch, tokens, width]
+    in every transformers decoder layer); 0 (reserve nothing) where the call does not say."""
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    return hidden.shape[1] if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else 0
+
+
 def _regional_forward(original: Callable, step: Callable, index: int) -> Callable:
     def forward(*args, **kwargs):
         for key in CACHE_KWARGS:
@@ -202,6 +211,7 @@ def _regional_forward(original: Callable, step: Callable, index: int) -> Callabl
             if cache is not None and not isinstance(cache, LayerCacheView):
                 layer = _cache_layer(cache, index)
                 if layer is not None:
+                    kv_cache.reserve(layer, _new_tokens(args, kwargs))
                     kwargs[key] = LayerCacheView(cache, layer)
         return step(original, args, kwargs)
 
