@@ -48,7 +48,7 @@ def measure(name):
 
 
 names = [(v, n) for n in lengths for v in variants]
-res = st.rounds(names, 6, measure)
+res = st.rounds(names, int(sys.argv[2]) if len(sys.argv) > 2 else 6, measure)
 for n in lengths:
     a, b = res[("in place", n)], res[("concatenate", n)]
     r = [x[1] / y[1] for x, y in zip(a, b)]
