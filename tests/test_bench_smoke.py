@@ -153,19 +153,26 @@ def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     assert "| dense | " in open(str(tmp_path / "batched.md")).read()
 
 
-def test_llama_bench_rows_are_read_from_its_json(tmp_path, monkeypatch):
-    """--llama-bench PATH: the binary's arguments and its JSON (a stand-in script here), and a clear
-    skip line for a missing or failing binary."""
+def test_llama_bench_rows_are_read_from_its_json(tmp_path, monkeypatch, capsys):
+    """--llama-bench PATH: the binary's arguments and its JSON (a stand-in script here): decode after
+    the prompt (``-gp``) where the binary has it, else ``-n`` and a line saying so; a clear skip line
+    for a missing or failing binary."""
     peers = _bench_module("peers", monkeypatch)
     fake = tmp_path / "bin" / "llama-bench"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\necho \"$@\" > \"$(dirname \"$0\")/args\"\necho 'build info'\n"
-                    "echo '[{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 345.5}, "
-                    "{\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 61.25}]'\n")
+    script = ("#!/bin/sh\nif [ \"$1\" = --help ]; then echo '  -n, --n-gen <n>'; echo '{gp}'; exit 0; fi\n"
+              "echo \"$@\" > \"$(dirname \"$0\")/args\"\necho 'build info'\n"
+              "echo '[{{\"n_prompt\": 16, \"n_gen\": 0, \"avg_ts\": 345.5}}, "
+              "{{\"n_prompt\": 16, \"n_gen\": 8, \"avg_ts\": 61.25}}, {{\"n_prompt\": 0, \"n_gen\": 8, \"avg_ts\": 70.0}}]'\n")
+    fake.write_text(script.format(gp="  -gp <pp,tg>    (default: )"))
     fake.chmod(0o755)
     assert peers.llama_bench(str(fake), "/x/m.gguf", 16, 8, 2) == (345.5, 61.25)
-    assert (fake.parent / "args").read_text().split() == ["-m", "/x/m.gguf", "-p", "16", "-n", "8", "-t", "2",
-                                                           "-r", "3", "-rtr", "1", "-o", "json"]
+    assert (fake.parent / "args").read_text().split() == ["-m", "/x/m.gguf", "-p", "16", "-n", "0", "-gp", "16,8",
+                                                           "-t", "2", "-r", "3", "-rtr", "1", "-o", "json"]
+    fake.write_text(script.format(gp=""))  # a llama-bench without -gp (mainline llama.cpp)
+    peers.llama_bench(str(fake), "/x/m.gguf", 16, 8, 2)
+    assert (fake.parent / "args").read_text().split()[4:6] == ["-n", "8"]
+    assert "has no -gp" in capsys.readouterr().out
     assert peers.llama_bench(None, "/x/m.gguf", 16, 8, 2) is None
     assert peers.llama_bench(str(tmp_path / "missing"), "/x/m.gguf", 16, 8, 2) is None
     fake.write_text("#!/bin/sh\necho 'failed to load model' >&2\nexit 3\n")
