@@ -96,6 +96,35 @@ def test_new_states_of_another_shape_are_refused_as_concatenation_refuses_them()
         layer.update(k, v)
 
 
+def test_an_arm_left_by_a_step_that_raised_is_not_replayed():
+    """reserve armed the layer, the step raised before its update, the cache was cropped: the next
+    (eager) update writes after the cropped length, not at the armed one."""
+    layer, chunks = DynamicLayer(), []
+    for i, t in enumerate([3, 1, 1]):
+        chunks.append(_kv(1, t, i))
+        layer.update(*chunks[-1])
+    assert kv_cache.reserve(layer, 1)
+    layer.crop(-2)
+    new = _kv(1, 1, 9)
+    keys, _ = layer.update(*new)
+    assert torch.equal(keys, torch.cat([_reference(chunks)[0][:, :, :3], new[0]], dim=2))
+
+
+@pytest.mark.parametrize("what", ["dtype", "heads_sliced"])
+def test_what_concatenation_would_promote_or_refuse_is_not_written_in_place(what):
+    layer = DynamicLayer()
+    layer.update(*_kv(1, 3, 0))
+    layer.update(*_kv(1, 1, 1))
+    k, v = _kv(1, 1, 2)
+    if what == "dtype":  # torch.cat promotes to float64; copy_ into the float32 buffer would not
+        keys, _ = layer.update(k.double(), v.double())
+        assert keys.dtype == torch.float64 and keys.shape[2] == 5
+    else:  # keys sliced to one head: torch.cat refuses 2 new heads; the buffer has 2 rows of heads
+        layer.keys, layer.values = layer.keys[:, :1], layer.values[:, :1]
+        with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+            layer.update(k, v)
+
+
 def test_other_cache_layers_are_not_armed():
     from transformers.cache_utils import DynamicSlidingWindowLayer
 
@@ -112,10 +141,12 @@ def _concatenating(layer, new_tokens):
 @pytest.mark.builds_behind
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_compiled_generate_writes_each_layer_in_place(tmp_path, monkeypatch, dtype):
-    """Regional compile: decode steps write into one buffer per layer (the views the compiled code
-    returns keep it as their base: no new buffer per step); the tokens those of eager generate
-    (fp32: transformers' sdpa on the views) or, in bf16 (our attention kernels on the views, whose
-    rounding differs from eager's), those of the same compiled model concatenating its cache."""
+    """Regional compile, buffers grown in steps of 8 tokens (several growths in 40 tokens): decode
+    writes into each layer's buffer (the views the compiled code returns keep it as their base),
+    and the tokens and the final cache equal those of the same compiled model concatenating its
+    cache (transformers' update), and in fp32 those of eager generate concatenating too."""
+    monkeypatch.setattr(kv_cache, "CHUNK", 8)
+    monkeypatch.setattr(kv_cache, "_ALIGN", 8)
     cfg = testing.tiny_config("llama", num_hidden_layers=2)
     testing.save_quantized(testing.build_float_model(cfg), str(tmp_path), format="gemm", group_size=32)
     patch_transformers()
@@ -127,26 +158,28 @@ def test_compiled_generate_writes_each_layer_in_place(tmp_path, monkeypatch, dty
                return_dict_in_generate=True)
     torch._dynamo.reset()
     with torch.no_grad():
-        if dtype == torch.float32:
-            want = model.generate(ids, **gen).sequences
-        compile_for_generate(model)
+        with monkeypatch.context() as patch:
+            patch.setattr(kv_cache, "reserve", _concatenating)
+            eager = model.generate(ids, **gen)
+            compile_for_generate(model)
+            model.generate(ids, **gen)
+            assert wait_until_compiled(timeout=120)
+            want = model.generate(ids, **gen)
         model.generate(ids, **gen)
         assert wait_until_compiled(timeout=120)
-        if dtype != torch.float32:
-            with monkeypatch.context() as patch:
-                patch.setattr(kv_cache, "reserve", _concatenating)
-                model.generate(ids, **gen)
-                assert wait_until_compiled(timeout=120)
-                want = model.generate(ids, **gen).sequences
         grows = []
         real = kv_cache._grow
         monkeypatch.setattr(kv_cache, "_grow", lambda layer, n: (grows.append(n), real(layer, n)))
         out = model.generate(ids, **gen)
     torch._dynamo.reset()
-    assert torch.equal(out.sequences, want)
-    cache = out.past_key_values
-    assert isinstance(cache, DynamicCache)
-    for layer in cache.layers:
+    assert torch.equal(out.sequences, want.sequences)
+    if dtype == torch.float32:
+        assert torch.equal(out.sequences, eager.sequences)
+    for layer, ref in zip(out.past_key_values.layers, want.past_key_values.layers):
         kbuf, vbuf = layer._awq_kv
         assert layer.keys._base is kbuf and layer.values._base is vbuf and layer.get_seq_length() == 9 + 39
-    assert len(grows) == len(cache.layers), grows  # once per layer, at the first decode step
+        assert "_awq_kv" not in ref.__dict__ or ref._awq_kv is None
+        assert torch.equal(layer.keys, ref.keys) and torch.equal(layer.values, ref.values)
+    # 10 -> 48 tokens, per layer: the first decode step's buffer (24 tokens: 10 + 8 rounded to 8),
+    # grown at 25 (to 40) and at 41
+    assert len(grows) >= 3 * len(out.past_key_values.layers), grows

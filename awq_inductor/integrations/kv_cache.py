@@ -53,7 +53,13 @@ def _holds(layer, keys: torch.Tensor, values: torch.Tensor, new_tokens: int) -> 
     L = keys.shape[2]
     return (keys._base is kbuf and values._base is vbuf and values.shape[2] == L and L + new_tokens <= kbuf.shape[2]
             and keys.storage_offset() == 0 and values.storage_offset() == 0
-            and keys.stride() == kbuf.stride() and values.stride() == vbuf.stride())
+            and keys.stride() == kbuf.stride() and values.stride() == vbuf.stride()
+            and _same_rows(keys, kbuf) and _same_rows(values, vbuf))
+
+
+def _same_rows(t: torch.Tensor, buf: torch.Tensor) -> bool:
+    """Batch, heads and head size of ``t`` are the buffer's (a slice in those would leave stale rows)."""
+    return t.shape[:2] == buf.shape[:2] and t.shape[3:] == buf.shape[3:]
 
 
 def _grow(layer, new_tokens: int) -> None:
@@ -94,6 +100,11 @@ def reserve(layer, new_tokens: int) -> bool:
     return True
 
 
+def disarm(layer) -> None:
+    """Undo :func:`reserve`'s arm (a step that raised before its update left it)."""
+    layer._awq_armed = False
+
+
 def _write(layer, key_states: torch.Tensor, value_states: torch.Tensor):
     kbuf, vbuf = layer._awq_kv
     L, T = layer._awq_at.shape[0], key_states.shape[-2]
@@ -104,14 +115,16 @@ def _write(layer, key_states: torch.Tensor, value_states: torch.Tensor):
 
 
 def _fits(layer, key_states, value_states) -> bool:
-    """The new keys / values are what reserve armed for: batch, heads and head size of the buffers
-    (copy_ would broadcast a head dimension of 1 without a word), and room for their tokens (the
-    compiled code guards on these sizes)."""
+    """The new keys / values are what reserve armed for: batch, heads, head size, dtype and device of
+    the buffers (copy_ would broadcast a head dimension of 1 without a word), and room for their
+    tokens (the compiled code guards on these)."""
     kbuf, vbuf = layer._awq_kv
     T = key_states.shape[-2]
     return (key_states.dim() == 4 and value_states.dim() == 4 and value_states.shape[-2] == T
-            and key_states.shape[:2] == kbuf.shape[:2] and key_states.shape[3:] == kbuf.shape[3:]
-            and value_states.shape[:2] == vbuf.shape[:2] and value_states.shape[3:] == vbuf.shape[3:]
+            and _same_rows(key_states, kbuf) and _same_rows(value_states, vbuf)
+            # copy_ would cast or move where torch.cat promotes or refuses
+            and key_states.dtype == kbuf.dtype and value_states.dtype == vbuf.dtype
+            and key_states.device == kbuf.device and value_states.device == vbuf.device
             and layer._awq_at.shape[0] + T <= kbuf.shape[2])
 
 
@@ -119,8 +132,10 @@ _concatenate = None  # transformers' DynamicLayer.update, set by install()
 
 
 def _patched_update(self, key_states, value_states, *args, **kwargs):
-    if not torch.compiler.is_compiling() and not getattr(self, "_awq_armed", False):
-        reserve(self, key_states.shape[-2])  # an eager caller: arm here
+    if not torch.compiler.is_compiling():
+        # an eager update arms itself (again: an arm left by a step that raised before its update
+        # would write at a stale position)
+        reserve(self, key_states.shape[-2])
     if getattr(self, "_awq_armed", False):
         self._awq_armed = False
         if _fits(self, key_states, value_states):

@@ -206,14 +206,21 @@ def _new_tokens(args, kwargs) -> int:
 
 def _regional_forward(original: Callable, step: Callable, index: int) -> Callable:
     def forward(*args, **kwargs):
+        armed = None
         for key in CACHE_KWARGS:
             cache = kwargs.get(key)
             if cache is not None and not isinstance(cache, LayerCacheView):
                 layer = _cache_layer(cache, index)
                 if layer is not None:
-                    kv_cache.reserve(layer, _new_tokens(args, kwargs))
+                    if kv_cache.reserve(layer, _new_tokens(args, kwargs)):
+                        armed = layer
                     kwargs[key] = LayerCacheView(cache, layer)
-        return step(original, args, kwargs)
+        if armed is None:
+            return step(original, args, kwargs)
+        try:
+            return step(original, args, kwargs)
+        finally:
+            kv_cache.disarm(armed)  # (the update consumed the arm, unless the step raised before it)
 
     forward._awq_regional = True
     forward._awq_original = original
