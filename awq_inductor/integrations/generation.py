@@ -16,8 +16,9 @@ recompiles=True)``):
 :func:`compile_for_generate` compiles with dynamic shapes from the first call, makes every forward
 generate issues look alike (``attention_mask`` always passed, ``None`` when it masks nothing: all
 ones is the same attention as no mask) and stores the first keys / values of each cache layer
-contiguous, then writes later ones in place (:mod:`awq_inductor.integrations.kv_cache`). The same sequence of calls then ends with 5 graphs and no recompile after the third
-call (prefill and decode, batch 1 and more, with a padding mask): ``tests/test_generation.py``.
+contiguous, then writes later ones in place (:mod:`awq_inductor.integrations.kv_cache`). The same
+sequence of calls then ends with 5 graphs and no recompile after the third call (prefill and
+decode, batch 1 and more, with a padding mask): ``tests/test_generation.py``.
 By default the decoder layers are compiled regionally (:mod:`awq_inductor.integrations.regional`):
 compile work no longer grows with depth, and the sequence ends with 4 graphs per layer kind.
 """

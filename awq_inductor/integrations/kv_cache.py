@@ -19,9 +19,11 @@ through :func:`reserve`) is transformers' own concatenation, with the first keys
 contiguous (one stride order: under torch.compile the projection's ``transpose(1, 2)`` order
 reached the cache and the next call recompiled on its strides). Anything that replaces a layer's
 tensors (``crop`` keeps views and stays valid; ``batch_select_indices``, ``reorder_cache``,
-``reset``) is seen by :func:`reserve` (data pointer and strides no longer those of the buffer), which
-starts a new buffer from the current tensors. Values are unchanged: the same tokens at the same
-positions."""
+``reset``, a ``deepcopy``) is seen by :func:`reserve` (the tensors are no longer views of the
+buffers), which starts a new buffer from the current tensors. Values are unchanged: the same tokens
+at the same positions. One difference: the cache is written in place, so after a ``crop`` the next
+tokens overwrite positions that a reference to an older, longer view still covers (transformers
+keeps none)."""
 from __future__ import annotations
 
 import functools
@@ -44,8 +46,8 @@ def _capacity(needed: int) -> int:
 
 def _holds(layer, keys: torch.Tensor, values: torch.Tensor, new_tokens: int) -> bool:
     """``keys`` / ``values`` are still the first tokens of the layer's buffers, with room for
-    ``new_tokens`` more (a view's ``_base`` is its root tensor: ``crop`` keeps it, every method that
-    replaces the tensors does not; the cheap test, 3.7 us for data pointers, strides and shapes)."""
+    ``new_tokens`` more. A view's ``_base`` is its root tensor: ``crop`` keeps it, every method that
+    replaces the tensors does not (reserve 3.6 us a call this way, 11.5 us comparing data pointers)."""
     bufs = layer.__dict__.get("_awq_kv")
     if bufs is None or keys is None or values is None:
         return False
