@@ -36,8 +36,6 @@ import torch
 CHUNK = 256
 _ALIGN = 64
 
-_INSTALLED = False
-
 
 def _capacity(needed: int) -> int:
     room = max(CHUNK, needed // 4)
@@ -156,11 +154,10 @@ def _patched_update(self, key_states, value_states, *args, **kwargs):
 def install() -> None:
     """Patch transformers' ``DynamicLayer.update`` (process-wide, idempotent) as the module
     docstring says."""
-    global _INSTALLED, _concatenate
-    if _INSTALLED:
+    global _concatenate
+    if _concatenate is not None:
         return
     from transformers.cache_utils import DynamicLayer
 
     _concatenate = DynamicLayer.update
     DynamicLayer.update = functools.wraps(_concatenate)(_patched_update)
-    _INSTALLED = True

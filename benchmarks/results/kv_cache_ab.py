@@ -2,9 +2,7 @@
 (regional compile, bf16 head) with the KV cache written in place (awq_inductor.integrations.kv_cache, the
 default) and with transformers' concatenation (the layer steps not armed: kv_cache.reserve replaced by one that
 arms nothing), after prompts of several lengths, one process, interleaved (order alternating per round)."""
-import statistics, sys, time
-import torch
-import transformers
+import statistics, sys
 import step_timing as st
 from awq_inductor import compile_for_generate
 from awq_inductor.integrations import kv_cache
@@ -28,23 +26,9 @@ for n in lengths:
         st.warm(m, ids[n])
 
 
-class Stamps(transformers.LogitsProcessor):
-    """A time stamp per generated token: decode step times without the prefill's noise in them."""
-    def __init__(self):
-        self.t = []
-
-    def __call__(self, input_ids, scores):
-        self.t.append(time.perf_counter())
-        return scores
-
-
 def measure(name):
     kv_cache.reserve = variants[name[0]]
-    stamps = Stamps()
-    with torch.no_grad():
-        m.generate(ids[name[1]], max_new_tokens=st.STEPS + 1, logits_processor=[stamps], **st.GEN)
-    steps = [b - a for a, b in zip(stamps.t, stamps.t[1:])]
-    return None, statistics.median(steps) * 1e3
+    return st.token_step_ms(m, ids[name[1]])
 
 
 names = [(v, n) for n in lengths for v in variants]

@@ -1,6 +1,6 @@
 """Shared by the decode-step harnesses here (decode_step_ab, decode_step_by_context, regional_guards_ab,
 regional_vs_whole_ab): the AWQ Llama-7B-shaped model they load, a model warmed up compiled, one paired timing of
-its decode step, and rounds of variants in alternating order (one process, interleaved)."""
+its decode step (or its per-token time stamps), and rounds of variants in alternating order (one process, interleaved)."""
 from __future__ import annotations
 
 import argparse
@@ -54,6 +54,26 @@ def step_ms(model, ids, steps: int = STEPS):
         t0 = time.perf_counter(); model.generate(ids, max_new_tokens=1, **GEN); t1 = time.perf_counter()
         model.generate(ids, max_new_tokens=steps + 1, **GEN); t2 = time.perf_counter()
     return t1 - t0, ((t2 - t1) - (t1 - t0)) / steps * 1e3
+
+
+class _Stamps(transformers.LogitsProcessor):
+    """A time stamp per generated token."""
+
+    def __init__(self):
+        self.t = []
+
+    def __call__(self, input_ids, scores):
+        self.t.append(time.perf_counter())
+        return scores
+
+
+def token_step_ms(model, ids, steps: int = STEPS):
+    """(None, decode ms per step): the median of the per-token time stamps of one ``steps + 1``-token generate
+    (no prefill in it, where :func:`step_ms` subtracts a prefill and carries its noise)."""
+    stamps = _Stamps()
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=steps + 1, logits_processor=[stamps], **GEN)
+    return None, statistics.median(b - a for a, b in zip(stamps.t, stamps.t[1:])) * 1e3
 
 
 def rounds(names, count: int, measure) -> dict:

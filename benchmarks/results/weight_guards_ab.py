@@ -1,9 +1,8 @@
-"""python benchmarks/results/weight_guards_ab.py 7b: the regional layer steps with Dynamo's tensor guards on the layers' weights
+"""python benchmarks/results/weight_guards_ab.py: the regional layer steps with Dynamo's tensor guards on the layers' weights
 dropped too (a filter wrapped around regional.keep_guard) against the shipped filter, swapped per measurement,
 interleaved, decode ms per step from per-token time stamps. Not shipped: no measurable gain (see decode_levers_tried_zen4_1206.md)."""
-import statistics, sys, time
+import statistics, sys
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-import torch, transformers
 import step_timing as st
 from awq_inductor import compile_for_generate
 from awq_inductor.integrations import regional
@@ -17,7 +16,7 @@ def keep(entry):
             return False
     return orig_keep(entry)
 regional.keep_guard = keep
-m = st.llama7b_shaped() if sys.argv[1] == "7b" else None
+m = st.llama7b_shaped()
 ids = st.prompt(12, vocab=256)
 sets = {}
 for name, drop in (("filtered", False), ("no_weight_guards", True)):
@@ -27,15 +26,12 @@ for name, drop in (("filtered", False), ("no_weight_guards", True)):
     sets[name] = [layer.forward for layer in m.model.layers]
     uncompile(m)
 compile_for_generate(m)
-class Stamps(transformers.LogitsProcessor):
-    def __init__(self): self.t = []
-    def __call__(self, i, s): self.t.append(time.perf_counter()); return s
 def measure(name):
     for layer, forward in zip(m.model.layers, sets[name]):
         layer.forward = forward
-    stp = Stamps()
-    with torch.no_grad(): m.generate(ids, max_new_tokens=33, logits_processor=[stp], **st.GEN)
-    return None, statistics.median(b - a for a, b in zip(stp.t, stp.t[1:])) * 1e3
+    return st.token_step_ms(m, ids)
+
+
 res = st.rounds(sets, 12, measure)
 st.report(res)
 r = st.ratios(res, "no_weight_guards", "filtered")
