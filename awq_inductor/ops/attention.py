@@ -4,10 +4,12 @@
 
 Decode: PyTorch's CPU flash-attention kernel is slow for one bf16 query row (2.0-2.5 ms per call
 on 2 Zen 4 cores, 32 / 4 heads of 128, 512 cached tokens); :func:`decode_attention` (fp32, GQA by a
-view) takes 0.12 ms and the C++ kernel 0.15-0.18 ms against 0.29-0.41 ms for the aten math at 540
-cached tokens (interleaved). As plain aten ops inside a compiled model, Inductor's attention
-pattern pass rewrote an unmasked matmul -> softmax -> matmul into PyTorch's fp32 flash kernel with
-GQA (0.43-0.52 ms per call): hence opaque ops.
+view) takes 0.12 ms and the first C++ kernel took 0.15-0.18 ms against 0.29-0.41 ms for the aten math at
+540 cached tokens (interleaved). The blocked kernel since: 0.06-0.07 ms at 512 cached tokens (32 / 4 and
+32 / 8 heads) with the cache in L2 / L3, 0.16-0.19 ms after a 256 MB read evicted it
+(``benchmarks/results/decode_attention_ab_zen4_1207.txt``). As plain aten ops inside a compiled model,
+Inductor's attention pattern pass rewrote an unmasked matmul -> softmax -> matmul into PyTorch's fp32
+flash kernel with GQA (0.43-0.52 ms per call): hence opaque ops.
 
 Prefill: PyTorch's flash kernel ran 512 causal bf16 rows, 32 / 4 heads of 128, in 31.9 ms on 2 Zen 4
 cores; the C++ kernel in 7.3 ms (105 vs 325 ms at 2048 rows), interleaved.
