@@ -1,7 +1,7 @@
 // W4A16 M = 1 loop on one core: v4 (shipped int16 x, vpmovzxbw per 32 B of nibbles + and / shift, 2 vpdpwssd) against v7 / v8,
 // a byte-interleaved layout of two consecutive 32-byte k-pair chunks (one 64 B load = 2 k-pairs x 32 columns, the 4
 // nibbles of each 16-bit word extracted by shift / and: no lane-crossing op; v8 masks before shifting).
-// g++ -O2 -march=native decode_nibble_interleave_probe.cpp (includes decode_int16_loop.h) && ./a.out [K] (-DPF=2048: prefetch)
+// g++ -O2 -march=native decode_nibble_interleave_probe.cpp (decode_probe_common.h) && ./a.out [K] (-DPF=2048: prefetch)
 #include <immintrin.h>
 #include <cstdio>
 #include <cstdint>
@@ -10,15 +10,7 @@
 #include <algorithm>
 #include <vector>
 #include <cstdlib>
-#include "decode_int16_loop.h"
-#ifndef PF
-#define PF 0
-#endif
-static double now(){return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();}
-__attribute__((noinline)) void v4(const uint8_t* xb, const uint8_t* qw, int64_t pstride, int64_t K, float* out){
-  int16_loop((const uint16_t*)xb, qw, pstride, K/2, out, [](const uint8_t* src, int64_t kp) __attribute__((always_inline)) {
-    if (PF && !(kp & 1)) _mm_prefetch((const char*)src + PF, _MM_HINT_T0); });
-}
+#include "decode_probe_common.h"
 template<int VAR>
 __attribute__((noinline)) void v7(const uint8_t* xb, const uint8_t* qw, int64_t pstride, int64_t K, float* out){
   const uint16_t* x=(const uint16_t*)xb;

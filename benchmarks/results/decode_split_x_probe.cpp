@@ -9,15 +9,7 @@
 #include <algorithm>
 #include <vector>
 #include <cstdlib>
-#include "decode_int16_loop.h"
-#ifndef PF
-#define PF 0
-#endif
-static double now(){return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();}
-__attribute__((noinline)) void v4(const uint8_t* xb, const uint8_t* qw, int64_t pstride, int64_t K, float* out){
-  int16_loop((const uint16_t*)xb, qw, pstride, K/2, out, [](const uint8_t* src, int64_t kp) __attribute__((always_inline)) {
-    if (PF && !(kp & 1)) _mm_prefetch((const char*)src + PF, _MM_HINT_T0); });
-}
+#include "decode_probe_common.h"
 __attribute__((noinline)) void v3(const uint8_t* xb, const uint8_t* qw, int64_t pstride, int64_t K, float* out){
   const __m512i m=_mm512_set1_epi8(0xF);
   __m512i acc[2][2]; for(auto& a:acc)for(auto& b:a)b=_mm512_setzero_si512();
