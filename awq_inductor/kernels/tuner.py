@@ -43,6 +43,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import torch
 
+from .. import config
 from ..schemes import LINEAR, W4A8, W4A16, Op, Scheme
 from . import background, dense, hugepages, native
 from .plan import NEVER, DEFAULT_DECODE, DecodeSetting, Plan, candidate_of, candidates, default_plan, path_for
@@ -383,35 +384,67 @@ def setting_name(setting: DecodeSetting) -> str:
             + (f"+l2_{setting.l2_distance}" if setting.l2_distance else ""))
 
 
-def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callable[[DecodeSetting], float]] = None
-                        ) -> Tuple[DecodeSetting, dict]:
-    """(setting, {setting name: ms per call, "noisy": bool}) for ``scheme`` on this machine: its linear
-    op's bf16 decode kernel at M = 1 (4096 x 2048, G = 128), each setting of :func:`decode_candidates`
-    timed over cold copies of the weights, interleaved in :data:`DECODE_ROUNDS` rounds (median per
-    setting). A setting replaces the constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`)
-    only if its median is ``MIN_GAIN`` faster and it beats them in most rounds: a busy machine
-    (another job on the 2 cores once made every call 20x slower) keeps the constants and is marked
-    noisy. Why per scheme: the W4A8 loop issues fewer instructions per weight byte and wants other
+def decode_regimes() -> Tuple[int, ...]:
+    """The thread counts the decode setting is timed at: the kernels' own (``config.threads()``) and
+    one. Why one: a core that streams alone stands for a machine whose memory outruns its cores (this
+    host's bandwidth moves between about 30 and 60 GB/s with its neighbours), where the software
+    prefetch decides the speed; with memory scarce every setting reads at the memory's rate. Zen 4,
+    M = 1, cold, share of the read probe, no prefetch / 512 B + next tile + 4 KB into L2: 11008 x 4096,
+    2 threads at a 50-56 GB/s moment 72-74 / 84-87%, 1 thread 71-72 / 80-83%; 4096 x 22016, 1 thread
+    69-70 / 78-83%, 2 threads at 33 GB/s 97-99 / 89-95%. Timed at 2 threads only, the tuner kept no
+    prefetch whenever it ran at a scarce moment (benchmarks/results/decode_setting_regimes_zen4_1207.md)."""
+    own = config.threads()
+    return (own, 1) if own > 1 else (own,)
+
+
+def _regime_cost(times: Dict[DecodeSetting, Dict[int, float]]) -> Dict[DecodeSetting, float]:
+    """Per setting, its worst ratio to the fastest setting over the regimes (``times[pf][threads]``)."""
+    regimes = next(iter(times.values())).keys()
+    fastest = {g: min(t[g] for t in times.values()) for g in regimes}
+    return {pf: max(t[g] / fastest[g] for g in regimes) for pf, t in times.items()}
+
+
+def tune_decode_setting(isa: str, scheme: Scheme = W4A16,
+                        timer: Optional[Callable[[DecodeSetting, int], float]] = None) -> Tuple[DecodeSetting, dict]:
+    """(setting, {setting name: ms per call, ``name@Nt`` at N threads, "noisy": bool}) for ``scheme``
+    on this machine: its linear op's bf16 decode kernel at M = 1 (4096 x 2048, G = 128), each setting
+    of :func:`decode_candidates` timed over cold copies of the weights at each thread count of
+    :func:`decode_regimes`, interleaved in :data:`DECODE_ROUNDS` rounds (median per setting and
+    regime). The chosen setting is the one whose worst ratio to the fastest, over the regimes, is
+    least (:func:`_regime_cost`); with int16 x only where that is ``MIN_GAIN`` faster than the same
+    prefetch on bf16 x in every regime (in the compiled 4-layer Llama-7B-shaped decode on Zen 4, 1 KB + next tile + 4 KB
+    into L2 gave 0.83-1.06x the step time of no prefetch, median 0.93, and with int16 x 0.83-1.20x, median
+    0.99: decode_setting_compiled_ab.py). It replaces the constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`)
+    only if that cost is ``MIN_GAIN`` lower and it is lower in most rounds: a busy machine (another
+    job on the 2 cores once made every call 20x slower) keeps the constants and is marked noisy.
+    Why per scheme: the W4A8 loop issues fewer instructions per weight byte and wants other
     streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
     4096, bench_prefetch.py: W4A16 best 2 KB + int16 x 81 / 79%, next tile 76-78%; W4A8 2 KB 90 /
-    84%, 1 KB + next tile 98 / 90%). ``timer`` (tests): setting -> seconds per call."""
+    84%, 1 KB + next tile 98 / 90%). ``timer`` (tests): (setting, threads) -> seconds per call."""
     timer = timer or _cold_decode_timer(isa, scheme)
-    settings = decode_candidates(scheme)
-    times: Dict[DecodeSetting, List[float]] = {pf: [] for pf in settings}
+    settings, regimes = decode_candidates(scheme), decode_regimes()
+    rounds: List[Dict[DecodeSetting, Dict[int, float]]] = []
     with background.quiet_for_timing():
         for _ in range(DECODE_ROUNDS):
-            for pf in settings:
-                times[pf].append(timer(pf))
-    med = {pf: statistics.median(t) for pf, t in times.items()}
-    best = min(med, key=med.get)
-    wins = sum(t * MIN_GAIN < t0 for t, t0 in zip(times[best], times[DEFAULT_DECODE]))
+            rounds.append({pf: {} for pf in settings})
+            for g in regimes:
+                for pf in settings:
+                    rounds[-1][pf][g] = timer(pf, g)
+    med = {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in settings}
+    cost = _regime_cost(med)
+    best = min(cost, key=cost.get)
+    plain = best._replace(int16_x=0)  # int16 x only for a clear gain in every regime: bf16 x keeps exact products
+    if best.int16_x and any(med[plain][g] <= med[best][g] * MIN_GAIN for g in regimes):
+        best = plain
+    wins = sum(c[best] * MIN_GAIN < c[DEFAULT_DECODE] for c in map(_regime_cost, rounds))
     noisy = best != DEFAULT_DECODE and 2 * wins <= DECODE_ROUNDS
-    if med[DEFAULT_DECODE] <= med[best] * MIN_GAIN or noisy:
+    if cost[DEFAULT_DECODE] <= cost[best] * MIN_GAIN or noisy:
         best = DEFAULT_DECODE
-    return best, {**{setting_name(pf): round(t * 1e3, 4) for pf, t in med.items()}, "noisy": noisy}
+    names = {(pf, g): setting_name(pf) + ("" if g == regimes[0] else f"@{g}t") for pf in settings for g in regimes}
+    return best, {**{names[pf, g]: round(med[pf][g] * 1e3, 4) for pf in settings for g in regimes}, "noisy": noisy}
 
 
-def _cold_decode_timer(isa: str, scheme: Scheme) -> Callable[[DecodeSetting], float]:
+def _cold_decode_timer(isa: str, scheme: Scheme) -> Callable[[DecodeSetting, int], float]:
     op, K, n, G = Op(scheme, LINEAR), 4096, 2048, 128
     qw, *rest = _random_weights(op, K, n, G)
     copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, cold_bytes() // qw.nbytes))]
@@ -420,11 +453,12 @@ def _cold_decode_timer(isa: str, scheme: Scheme) -> Callable[[DecodeSetting], fl
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
     kern(x, qw, *rest, None, G, n, plan=base)  # built and warm before the clock
 
-    def timer(pf: DecodeSetting) -> float:
+    def timer(pf: DecodeSetting, threads: int) -> float:
         plan = base.with_decode(pf)
-        t0 = time.perf_counter()
-        for q in copies:
-            kern(x, q, *rest, None, G, n, plan=plan)
-        return (time.perf_counter() - t0) / len(copies)
+        with config.patch(num_threads=threads):
+            t0 = time.perf_counter()
+            for q in copies:
+                kern(x, q, *rest, None, G, n, plan=plan)
+            return (time.perf_counter() - t0) / len(copies)
 
     return timer
