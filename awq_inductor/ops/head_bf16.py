@@ -28,6 +28,13 @@ from ..kernels.native import I64, INT, VP
 GEMV_MAX_M = 1
 #: Weight channels streamed together for one row: 8 gave 0.89x the time of 4 at M=1 (same run).
 KC_ONE_ROW = 8
+#: Whether each step also prefetches, into L2, the same line of the next KC channels' rows (the
+#: thread's next step; its 8 streams of 8 KB otherwise start cold at every group). M = 1, 32000 x
+#: 4096, cold, interleaved with the read probe on Zen 4 (benchmarks/results/head_prefetch_ab.py):
+#: 0.81-0.91x the time without it at 2 threads (6.1-6.3 against 7.5-7.7 ms at 36-37 GB/s), 0.80x at
+#: 1 thread; a prefetch 512 B or 1 KB ahead in each stream into L1 was 1.0-1.05x alone and slowed
+#: the next-group one (benchmarks/results/head_prefetch_zen4_1207.md).
+NEXT_GROUP_PREFETCH = 1
 SCHEMA = "(Tensor x, Tensor weight, Tensor? bias) -> Tensor"
 
 
@@ -60,10 +67,10 @@ def prebuild() -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(kc_one_row: int = KC_ONE_ROW):
+def _kernel(kc_one_row: int = KC_ONE_ROW, next_group_prefetch: int = NEXT_GROUP_PREFETCH):
     avx512 = isa_mod.get("avx512")
     return native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", ARGS, flags=list(avx512.flags),
-                             isa=avx512, kc1=kc_one_row)
+                             isa=avx512, kc1=kc_one_row, next_group_prefetch=next_group_prefetch)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, kc_one_row: int = KC_ONE_ROW) -> torch.Tensor:
