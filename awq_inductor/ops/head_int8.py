@@ -81,12 +81,16 @@ ARGS = (VP, I64, VP, VP, VP, I64, I64, INT)
 #: Weight channels streamed together for one row (decode): 8 independent streams per step. Measured
 #: for the fp32 kernel this one replaced (8 channels 0.67-1.05x the time of 4); kept for the VNNI one.
 KC_ONE_ROW = 8
+#: Whether each step also prefetches into L2 the same line of the next KC channels' rows, as the bf16
+#: head (ops/head_bf16.py NEXT_GROUP_PREFETCH; measured for this kernel in
+#: benchmarks/results/head_prefetch_zen4_1207.md).
+NEXT_GROUP_PREFETCH = 1
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(isa: str, kc_one_row: int = KC_ONE_ROW):
+def _kernel(isa: str, kc_one_row: int = KC_ONE_ROW, next_group_prefetch: int = NEXT_GROUP_PREFETCH):
     return native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32", ARGS, flags=list(isa_mod.get(isa).flags),
-                             isa=isa, kc1=kc_one_row, gx=X_GROUP)
+                             isa=isa, kc1=kc_one_row, gx=X_GROUP, next_group_prefetch=next_group_prefetch)
 
 
 def _gemv(x, weight, scales, kc_one_row: Optional[int] = None, isa: Optional[str] = None) -> torch.Tensor:

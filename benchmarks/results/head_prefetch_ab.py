@@ -1,5 +1,5 @@
-"""python benchmarks/results/head_prefetch_ab.py [THREADS] [ROUNDS]: the bf16 lm_head GEMV (``head/bf16_linear.cpp.j2``,
-M = 1, 32000 x 4096, 262 MB) built without and with the next channel group's prefetch (``NEXT_GROUP_PREFETCH``) in one process, timed call by call in
+"""python benchmarks/results/head_prefetch_ab.py [THREADS] [ROUNDS] [bf16|int8]: the bf16 lm_head GEMV
+(``head/bf16_linear.cpp.j2``, M = 1, 32000 x 4096, 262 MB) or the int8 one (``head/int8_linear.cpp.j2``, 131 MB) built without and with the next channel group's prefetch (``NEXT_GROUP_PREFETCH``) in one process, timed call by call in
 rotating order with the streaming-read probe, each call on the other of two weight copies (each far larger than the
 L3: cold). Prints ms per call and the share of the probe's GB/s per variant and round."""
 import os
@@ -13,35 +13,52 @@ import torch  # noqa: E402
 
 import bw_probe  # noqa: E402
 from awq_inductor.kernels import isa as isa_mod, native  # noqa: E402
-from awq_inductor.ops import head_bf16  # noqa: E402
+from awq_inductor.ops import head_bf16, head_int8  # noqa: E402
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 torch.set_num_threads(threads)
 N, K = 32000, 4096
 VARIANTS = {"none": dict(next_group_prefetch=0), "next group": dict(next_group_prefetch=1)}
+kind = sys.argv[3] if len(sys.argv) > 3 else "bf16"
 avx512 = isa_mod.get("avx512")
-kernels = {name: native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", head_bf16.ARGS,
-                                   flags=list(avx512.flags), isa=avx512, kc1=head_bf16.KC_ONE_ROW, **v)
-           for name, v in VARIANTS.items()}
-weights = [torch.randn(N, K).to(torch.bfloat16) for _ in range(2)]
 x = torch.randn(1, K).to(torch.bfloat16)
 y = torch.empty(1, N)
+if kind == "bf16":
+    kernels = {name: native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", head_bf16.ARGS,
+                                       flags=list(avx512.flags), isa=avx512, kc1=head_bf16.KC_ONE_ROW, **v)
+               for name, v in VARIANTS.items()}
+    weights = [torch.randn(N, K).to(torch.bfloat16) for _ in range(2)]
+    calls = {name: (lambda w, fn=fn: fn(x.data_ptr(), 1, w.data_ptr(), y.data_ptr(), N, K, threads))
+             for name, fn in kernels.items()}
+    ref = x.float() @ weights[0].float().T
+    tol = dict(rtol=1e-3, atol=1e-2)
+else:
+    kernels = {name: native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32", head_int8.ARGS,
+                                       flags=list(avx512.flags), isa="avx512", kc1=head_int8.KC_ONE_ROW,
+                                       gx=head_int8.X_GROUP, **v) for name, v in VARIANTS.items()}
+    weights = [torch.randint(-127, 128, (N, K), dtype=torch.int8) for _ in range(2)]
+    scales = torch.rand(N) * 1e-2
+    xf = x.float()
+    calls = {name: (lambda w, fn=fn: fn(xf.data_ptr(), 1, w.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K,
+                                        threads)) for name, fn in kernels.items()}
+    ref = head_int8._gemv(x, weights[0], scales)
+    tol = dict(rtol=0, atol=0)
 probe, probe_bytes = bw_probe.stream_calls(threads, 256 << 20, 1)
-ref = x.float() @ weights[0].float().T
-for name, fn in kernels.items():  # every variant computes the same product
-    fn(x.data_ptr(), 1, weights[0].data_ptr(), y.data_ptr(), N, K, threads)
-    torch.testing.assert_close(y, ref, rtol=1e-3, atol=1e-2, msg=name)
+for name, call in calls.items():  # every variant computes the same product
+    call(weights[0])
+    torch.testing.assert_close(y, ref, msg=name, **tol)
+weight_bytes = weights[0].nbytes
 i = 0
 for rnd in range(count):
-    ts = {k: [] for k in list(kernels) + ["probe"]}
+    ts = {k: [] for k in list(calls) + ["probe"]}
     for rep in range(12):
-        items = list(kernels.items())
+        items = list(calls.items())
         items = items[rep % len(items):] + items[:rep % len(items)]
-        for name, fn in items:
+        for name, call in items:
             w = weights[i % 2]
             t0 = time.perf_counter()
-            fn(x.data_ptr(), 1, w.data_ptr(), y.data_ptr(), N, K, threads)
+            call(w)
             ts[name].append(time.perf_counter() - t0)
             i += 1
         t0 = time.perf_counter()
@@ -50,4 +67,4 @@ for rnd in range(count):
     med = {k: statistics.median(v) for k, v in ts.items()}
     gbs = probe_bytes / med["probe"] / 1e9
     print(rnd, f"probe {gbs:.1f} GB/s",
-          {k: f"{v * 1e3:.2f} ms {N * K * 2 / v / 1e9 / gbs:.0%}" for k, v in med.items() if k != "probe"}, flush=True)
+          {k: f"{v * 1e3:.2f} ms {weight_bytes / v / 1e9 / gbs:.0%}" for k, v in med.items() if k != "probe"}, flush=True)
