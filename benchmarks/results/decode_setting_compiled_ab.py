@@ -1,5 +1,5 @@
-"""python benchmarks/results/decode_setting_compiled_ab.py [ROUNDS] [SETTING ...]: the 4-layer Llama-7B-shaped decode
-(regional compile, prompt 32), compiled once per W4A16 decode setting in one process, one model each, generates
+"""python benchmarks/results/decode_setting_compiled_ab.py [--w4a8] [ROUNDS] [SETTING ...]: the 4-layer Llama-7B-shaped
+decode (regional compile, prompt 32; ``--w4a8``: converted to W4A8), compiled once per decode setting of its scheme in one process, one model each, generates
 alternating model by model (order reversed every round): decode ms per step (median of per-token time stamps).
 The setting is baked into each model's generated C++ when it is compiled, so each model is loaded and compiled with
 the machine's setting replaced by its own (``tuning_cache``'s memo, the plans' memo cleared); Inductor's caches are
@@ -11,22 +11,28 @@ import sys
 os.environ["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
 
 import step_timing as st  # noqa: E402
-from awq_inductor import compile_for_generate  # noqa: E402
+from awq_inductor import compile_for_generate, convert  # noqa: E402
 from awq_inductor.kernels import isa as isa_mod, plan as kplan, tuning_cache  # noqa: E402
 from awq_inductor.kernels.tuner import setting_name  # noqa: E402
-from awq_inductor.schemes import W4A16  # noqa: E402
+from awq_inductor.schemes import W4A8, W4A16  # noqa: E402
 
-count = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+argv = sys.argv[1:]
+w4a8 = argv[:1] == ["--w4a8"]
+argv = argv[1:] if w4a8 else argv
+scheme = W4A8 if w4a8 else W4A16
+count = int(argv[0]) if argv else 8
 isa = isa_mod.select()
-key = (tuning_cache.threads(), str(isa), W4A16.name)
-settings = [kplan.DecodeSetting(*map(int, a.split(","))) for a in sys.argv[2:]] or \
-    [kplan.DEFAULT_DECODE, tuning_cache.decode_setting(isa, W4A16)]
+key = (tuning_cache.threads(), str(isa), scheme.name)
+settings = [kplan.DecodeSetting(*map(int, a.split(","))) for a in argv[1:]] or \
+    [kplan.DEFAULT_DECODE, tuning_cache.decode_setting(isa, scheme)]
 ids = st.prompt(32)
 models = {}
 for s in settings:
     tuning_cache._decode_memo[key] = s
     tuning_cache._final.clear()
     m = st.llama7b_shaped()
+    if w4a8:
+        m = convert(m, act_quant="int8")
     compile_for_generate(m)
     st.warm(m, ids)
     models[setting_name(s)] = m
