@@ -31,7 +31,7 @@ KC_ONE_ROW = 8
 #: Whether each step also prefetches, into L2, the same line of the next KC channels' rows (the
 #: thread's next step; its 8 streams of 8 KB otherwise start cold at every group). M = 1, 32000 x
 #: 4096, cold, interleaved with the read probe on Zen 4 (benchmarks/results/head_prefetch_ab.py):
-#: 0.81-0.91x the time without it at 2 threads (6.1-6.3 against 7.5-7.7 ms at 36-37 GB/s), 0.80x at
+#: 0.78-0.92x the time without it at 2 threads (5.9-6.3 against 7.5-7.7 ms at 36-44 GB/s), 0.80x at
 #: 1 thread; a prefetch 512 B or 1 KB ahead in each stream into L1 was 1.0-1.05x alone and slowed
 #: the next-group one (benchmarks/results/head_prefetch_zen4_1207.md).
 NEXT_GROUP_PREFETCH = 1

@@ -1,6 +1,7 @@
-"""python benchmarks/results/decode_setting_compiled_ab.py [--w4a8] [ROUNDS] [SETTING ...]: the 4-layer Llama-7B-shaped
-decode (regional compile, prompt 32; ``--w4a8``: converted to W4A8), compiled once per decode setting of its scheme in one process, one model each, generates
-alternating model by model (order reversed every round): decode ms per step (median of per-token time stamps).
+"""python benchmarks/results/decode_setting_compiled_ab.py [--w4a8] [ROUNDS] [SETTING ...]: the 4-layer
+Llama-7B-shaped decode (regional compile, prompt 32; ``--w4a8``: converted to W4A8), compiled once per decode setting
+of its scheme in one process, one model each; generates alternate model by model (order reversed every round):
+decode ms per step (median of per-token time stamps).
 The setting is baked into each model's generated C++ when it is compiled, so each model is loaded and compiled with
 the machine's setting replaced by its own (``tuning_cache``'s memo, the plans' memo cleared); Inductor's caches are
 off so that no model reuses code generated for another. SETTING: ``DISTANCE,NEXT_TILE,INT16,L2`` (default: the

@@ -1,19 +1,19 @@
 """python benchmarks/results/decode_setting_regimes.py M KxN [THREADS]: the W4A16 decode kernel (eager library, bf16
 x, M rows, G = 128) under several decode settings, cold (copies of the weights over 256 MiB in rotation), interleaved
-call by call with the streaming-read probe, in 3 rounds of 20. Each timed call comes after an untimed call of the same
-setting on a small layer (code warm, weights cold) and the order of the settings rotates every rep, so no setting is
-always the one after the probe. Prints ms per call and the share of the probe's GB/s per setting."""
+call by call with the streaming-read probe in 3 rounds of 20 (``rotating_rounds``: the order rotates every rep, so no
+setting is always the one after the probe). Each timed call comes after an untimed call of the same setting on a
+small layer (code warm, weights cold). Prints ms per call and the share of the probe's GB/s per setting."""
+import dataclasses
 import os
-import statistics
 import sys
 import time
-import dataclasses
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/, for bw_probe
 
 import torch  # noqa: E402
 
 import bw_probe  # noqa: E402
+from rotating_rounds import rotating_rounds  # noqa: E402
 from awq_inductor.kernels import hugepages, native, plan as kplan, tuner  # noqa: E402
 from awq_inductor.schemes import LINEAR, W4A16, Op  # noqa: E402
 
@@ -32,23 +32,18 @@ base = dataclasses.replace(kplan.default_plan(), bf16_f32_min_m=kplan.NEVER, amx
                            panel_min_m=kplan.NEVER)
 probe, probe_bytes = bw_probe.stream_calls(torch.get_num_threads(), 256 << 20, 1)
 weight_bytes = qw.nbytes + sum(r.nbytes for r in rest if isinstance(r, torch.Tensor))
-i = 0
-for rnd in range(3):
-    ts = {k: [] for k in list(SETTINGS) + ["probe"]}
-    for rep in range(20):
-        items = list(SETTINGS.items())
-        items = items[rep % len(items):] + items[:rep % len(items)]
-        for name, setting in items:
-            plan = base.with_decode(setting)
-            kern(x, small, *small_rest, None, G, 256, plan=plan)
-            t0 = time.perf_counter()
-            kern(x, copies[i % len(copies)], *rest, None, G, N, plan=plan)
-            ts[name].append(time.perf_counter() - t0)
-            i += 1
+
+
+def timed(setting):
+    plan = base.with_decode(setting)
+
+    def call(i):
+        kern(x, small, *small_rest, None, G, 256, plan=plan)  # code warm, weights cold
         t0 = time.perf_counter()
-        probe[0]()
-        ts["probe"].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in ts.items()}
-    gbs = probe_bytes / med["probe"] / 1e9
-    print(rnd, f"probe {gbs:.1f} GB/s",
-          {k: f"{v * 1e3:.3f} ms {weight_bytes / v / 1e9 / gbs:.0%}" for k, v in med.items() if k != "probe"}, flush=True)
+        kern(x, copies[i % len(copies)], *rest, None, G, N, plan=plan)
+        return time.perf_counter() - t0
+
+    return call
+
+
+rotating_rounds({name: timed(s) for name, s in SETTINGS.items()}, probe[0], probe_bytes, weight_bytes, 3, 20)

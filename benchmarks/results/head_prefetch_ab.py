@@ -1,9 +1,9 @@
 """python benchmarks/results/head_prefetch_ab.py [THREADS] [ROUNDS] [bf16|int8]: the bf16 lm_head GEMV
-(``head/bf16_linear.cpp.j2``, M = 1, 32000 x 4096, 262 MB) or the int8 one (``head/int8_linear.cpp.j2``, 131 MB) built without and with the next channel group's prefetch (``NEXT_GROUP_PREFETCH``) in one process, timed call by call in
-rotating order with the streaming-read probe, each call on the other of two weight copies (each far larger than the
-L3: cold). Prints ms per call and the share of the probe's GB/s per variant and round."""
+(``head/bf16_linear.cpp.j2``, M = 1, 32000 x 4096, 262 MB) or the int8 one (``head/int8_linear.cpp.j2``, 131 MB),
+built without and with the next channel group's prefetch (``NEXT_GROUP_PREFETCH``) in one process, timed call by call
+in rotating order with the streaming-read probe (``rotating_rounds``), each call on the other of two weight copies
+(each far larger than the L3: cold). Prints ms per call and the share of the probe's GB/s per variant and round."""
 import os
-import statistics
 import sys
 import time
 
@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import torch  # noqa: E402
 
 import bw_probe  # noqa: E402
+from rotating_rounds import rotating_rounds  # noqa: E402
 from awq_inductor.kernels import isa as isa_mod, native  # noqa: E402
 from awq_inductor.ops import head_bf16, head_int8  # noqa: E402
 
@@ -49,22 +50,16 @@ for name, call in calls.items():  # every variant computes the same product
     call(weights[0])
     torch.testing.assert_close(y, ref, msg=name, **tol)
 weight_bytes = weights[0].nbytes
-i = 0
-for rnd in range(count):
-    ts = {k: [] for k in list(calls) + ["probe"]}
-    for rep in range(12):
-        items = list(calls.items())
-        items = items[rep % len(items):] + items[:rep % len(items)]
-        for name, call in items:
-            w = weights[i % 2]
-            t0 = time.perf_counter()
-            call(w)
-            ts[name].append(time.perf_counter() - t0)
-            i += 1
+
+
+def timed(call):
+    def run(i):
         t0 = time.perf_counter()
-        probe[0]()
-        ts["probe"].append(time.perf_counter() - t0)
-    med = {k: statistics.median(v) for k, v in ts.items()}
-    gbs = probe_bytes / med["probe"] / 1e9
-    print(rnd, f"probe {gbs:.1f} GB/s",
-          {k: f"{v * 1e3:.2f} ms {weight_bytes / v / 1e9 / gbs:.0%}" for k, v in med.items() if k != "probe"}, flush=True)
+        call(weights[i % 2])
+        return time.perf_counter() - t0
+
+    return run
+
+
+rotating_rounds({name: timed(call) for name, call in calls.items()}, probe[0], probe_bytes, weight_bytes, count, 12,
+                digits=2)
