@@ -391,8 +391,9 @@ def decode_regimes() -> Tuple[int, ...]:
     prefetch decides the speed; with memory scarce every setting reads at the memory's rate. Zen 4,
     M = 1, cold, share of the read probe, no prefetch / 512 B + next tile + 4 KB into L2: 11008 x 4096,
     2 threads at a 50-56 GB/s moment 72-74 / 84-87%, 1 thread 71-72 / 80-83%; 4096 x 22016, 1 thread
-    69-70 / 78-83%, 2 threads at 33 GB/s 97-99 / 89-95%. Timed at 2 threads only, the tuner kept no
-    prefetch whenever it ran at a scarce moment (benchmarks/results/decode_setting_regimes_zen4_1207.md)."""
+    69-70 / 78-83%, 2 threads at 33 GB/s 97-99 / 89-95%. Timed at 2 threads only, the tuning there kept
+    no prefetch (1 KB + next tile 0.131 against 0.142 ms by median, not faster in most rounds: noisy;
+    benchmarks/results/decode_setting_regimes_zen4_1207.md)."""
     own = config.threads()
     return (own, 1) if own > 1 else (own,)
 
@@ -412,10 +413,11 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16,
     :func:`decode_regimes`, interleaved in :data:`DECODE_ROUNDS` rounds (median per setting and
     regime). The chosen setting is the one whose worst ratio to the fastest, over the regimes, is
     least (:func:`_regime_cost`); with int16 x only where that is ``MIN_GAIN`` faster than the same
-    prefetch on bf16 x in every regime (in the compiled 4-layer Llama-7B-shaped decode on Zen 4, 1 KB + next tile + 4 KB
-    into L2 gave 0.83-1.06x the step time of no prefetch, median 0.93, and with int16 x 0.83-1.20x, median
-    0.99: decode_setting_compiled_ab.py). It replaces the constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`)
-    only if that cost is ``MIN_GAIN`` lower and it is lower in most rounds: a busy machine (another
+    prefetch on bf16 x in every regime (in the compiled 4-layer Llama-7B-shaped decode on Zen 4, 1 KB
+    + next tile + 4 KB into L2 gave 0.83-1.06x the step time of no prefetch, median 0.93, and with
+    int16 x 0.83-1.20x, median 0.99: benchmarks/results/decode_setting_compiled_ab.py). It replaces the
+    constants' (:data:`~awq_inductor.kernels.plan.DEFAULT_DECODE`) only if that cost is ``MIN_GAIN``
+    lower and it is lower in most rounds: a busy machine (another
     job on the 2 cores once made every call 20x slower) keeps the constants and is marked noisy.
     Why per scheme: the W4A8 loop issues fewer instructions per weight byte and wants other
     streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
