@@ -83,7 +83,7 @@ ARGS = (VP, I64, VP, VP, VP, I64, I64, INT)
 KC_ONE_ROW = 8
 #: Whether each step also prefetches into L2 the same line of the next KC channels' rows, as the bf16
 #: head (ops/head_bf16.py NEXT_GROUP_PREFETCH): M = 1, 32000 x 4096, cold, Zen 4, 0.90-0.95x the time
-#: at 1 and 2 threads (benchmarks/results/head_prefetch_zen4_1207.md; M = 2-8 not measured).
+#: at 1 and 2 threads; M = 4 and 8 0.58x (benchmarks/results/head_prefetch_zen4_1207.md).
 NEXT_GROUP_PREFETCH = 1
 
 

@@ -1,8 +1,9 @@
-"""python benchmarks/results/head_prefetch_ab.py [THREADS] [ROUNDS] [bf16|int8]: the bf16 lm_head GEMV
-(``head/bf16_linear.cpp.j2``, M = 1, 32000 x 4096, 262 MB) or the int8 one (``head/int8_linear.cpp.j2``, 131 MB),
-built without and with the next channel group's prefetch (``NEXT_GROUP_PREFETCH``) in one process, timed call by call
-in rotating order with the streaming-read probe (``rotating_rounds``), each call on the other of two weight copies
-(each far larger than the L3: cold). Prints ms per call and the share of the probe's GB/s per variant and round."""
+"""python benchmarks/results/head_prefetch_ab.py [THREADS] [ROUNDS] [bf16|int8] [M]: the bf16 lm_head GEMV
+(``head/bf16_linear.cpp.j2``, 32000 x 4096, 262 MB) or the int8 one (``head/int8_linear.cpp.j2``, 131 MB) on M rows
+(default 1), built without and with the next channel group's prefetch (``NEXT_GROUP_PREFETCH``) in one process, timed
+call by call in rotating order with the streaming-read probe (``rotating_rounds``), each call on the other of two
+weight copies (each far larger than the L3: cold). Prints ms per call and the share of the probe's GB/s per variant
+and round."""
 import os
 import sys
 import time
@@ -23,14 +24,15 @@ N, K = 32000, 4096
 VARIANTS = {"none": dict(next_group_prefetch=0), "next group": dict(next_group_prefetch=1)}
 kind = sys.argv[3] if len(sys.argv) > 3 else "bf16"
 avx512 = isa_mod.get("avx512")
-x = torch.randn(1, K).to(torch.bfloat16)
-y = torch.empty(1, N)
+M = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+x = torch.randn(M, K).to(torch.bfloat16)
+y = torch.empty(M, N)
 if kind == "bf16":
     kernels = {name: native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", head_bf16.ARGS,
                                        flags=list(avx512.flags), isa=avx512, kc1=head_bf16.KC_ONE_ROW, **v)
                for name, v in VARIANTS.items()}
     weights = [torch.randn(N, K).to(torch.bfloat16) for _ in range(2)]
-    calls = {name: (lambda w, fn=fn: fn(x.data_ptr(), 1, w.data_ptr(), y.data_ptr(), N, K, threads))
+    calls = {name: (lambda w, fn=fn: fn(x.data_ptr(), M, w.data_ptr(), y.data_ptr(), N, K, threads))
              for name, fn in kernels.items()}
     ref = x.float() @ weights[0].float().T
     tol = dict(rtol=1e-3, atol=1e-2)
@@ -41,7 +43,7 @@ else:
     weights = [torch.randint(-127, 128, (N, K), dtype=torch.int8) for _ in range(2)]
     scales = torch.rand(N) * 1e-2
     xf = x.float()
-    calls = {name: (lambda w, fn=fn: fn(xf.data_ptr(), 1, w.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K,
+    calls = {name: (lambda w, fn=fn: fn(xf.data_ptr(), M, w.data_ptr(), scales.data_ptr(), y.data_ptr(), N, K,
                                         threads)) for name, fn in kernels.items()}
     ref = head_int8._gemv(x, weights[0], scales)
     tol = dict(rtol=0, atol=0)
