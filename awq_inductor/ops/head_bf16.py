@@ -20,12 +20,13 @@ from .. import config
 from ..kernels import isa as isa_mod, native
 from ..kernels.native import I64, INT, VP
 
-#: Rows up to which the GEMV runs, measured against F.linear (32000 x 4096, 2 threads, interleaved
-#: with the read probe; benchmarks/results/bench_head_gemv_idle.md and bench_head_gemv.txt): its time
-#: is 0.72x F.linear's at M=1 (86% vs 62% of the probe), 1.00x at M=2, 1.31x at M=4 on the quieter VM
-#: (0.93x at M=4 under load): x rows (8 KiB each at K = 4096) crowd the 32 KiB L1 as M grows. So the
-#: GEMV serves batch-1 decode only and F.linear everything else.
-GEMV_MAX_M = 1
+#: Rows up to which the GEMV runs, measured against F.linear. Before the next-group prefetch (32000 x
+#: 4096, 2 threads; benchmarks/results/bench_head_gemv_idle.md): 0.72x F.linear's time at M=1, 1.00x
+#: at M=2, 1.31x at M=4, so one row. With it (same shape, cold, interleaved, two passes on Zen 4;
+#: benchmarks/results/head_prefetch_zen4_1207.md): 0.58x at M=1, 0.43 / 0.70x at 2, 0.58 / 0.68x at 4,
+#: 0.90 / 1.06x at 8, 1.54x at 16; the MoE routers it also serves (hot, 128 x 2048, 64 / 256 x 7168)
+#: 0.31-0.92x at M = 2-4. So batched decode up to 4 rows, F.linear from 5.
+GEMV_MAX_M = 4
 #: Weight channels streamed together for one row: 8 gave 0.89x the time of 4 at M=1 (same run).
 KC_ONE_ROW = 8
 #: Whether each step also prefetches, into L2, the same line of the next KC channels' rows (the
