@@ -14,32 +14,26 @@ import torch  # noqa: E402
 
 import bw_probe  # noqa: E402
 from rotating_rounds import rotating_rounds  # noqa: E402
-from awq_inductor.kernels import isa as isa_mod, native  # noqa: E402
 from awq_inductor.ops import head_bf16, head_int8  # noqa: E402
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 count = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 torch.set_num_threads(threads)
 N, K = 32000, 4096
-VARIANTS = {"none": dict(next_group_prefetch=0), "next group": dict(next_group_prefetch=1)}
+VARIANTS = {"none": 0, "next group": 1}  # next_group_prefetch
 kind = sys.argv[3] if len(sys.argv) > 3 else "bf16"
-avx512 = isa_mod.get("avx512")
 M = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 x = torch.randn(M, K).to(torch.bfloat16)
 y = torch.empty(M, N)
 if kind == "bf16":
-    kernels = {name: native.c_function("head/bf16_linear.cpp.j2", "awq_bf16_linear", head_bf16.ARGS,
-                                       flags=list(avx512.flags), isa=avx512, kc1=head_bf16.KC_ONE_ROW, **v)
-               for name, v in VARIANTS.items()}
+    kernels = {name: head_bf16._kernel(head_bf16.KC_ONE_ROW, v) for name, v in VARIANTS.items()}
     weights = [torch.randn(N, K).to(torch.bfloat16) for _ in range(2)]
     calls = {name: (lambda w, fn=fn: fn(x.data_ptr(), M, w.data_ptr(), y.data_ptr(), N, K, threads))
              for name, fn in kernels.items()}
     ref = x.float() @ weights[0].float().T
     tol = dict(rtol=1e-3, atol=1e-2)
 else:
-    kernels = {name: native.c_function("head/int8_linear.cpp.j2", "awq_int8_linear_f32", head_int8.ARGS,
-                                       flags=list(avx512.flags), isa="avx512", kc1=head_int8.KC_ONE_ROW,
-                                       gx=head_int8.X_GROUP, **v) for name, v in VARIANTS.items()}
+    kernels = {name: head_int8._kernel("avx512", head_int8.KC_ONE_ROW, v) for name, v in VARIANTS.items()}
     weights = [torch.randint(-127, 128, (N, K), dtype=torch.int8) for _ in range(2)]
     scales = torch.rand(N) * 1e-2
     xf = x.float()
