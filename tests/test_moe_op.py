@@ -289,12 +289,13 @@ def test_template_renders_the_tuned_plans(inductor_clean):
     x = torch.randn(6, H).bfloat16()
     ids, tw = routing(6, E, 2)
     with config.patch(kernel_plan={"bf16_f32_min_m": 1 << 40, "panel_min_m": 3, "decode_prefetch": 512,
-                                   "prefetch_next_tile": 1, "decode_int16": 1, "decode_prefetch_l2": 4096}):
+                                   "prefetch_next_tile": 1, "decode_int16": 1, "decode_prefetch_l2": 4096,
+                                   "rows_prefetch": 0}):
         y, codes = run_and_get_code(torch.compile(m, fullgraph=True), x, ids, tw)
         torch.testing.assert_close(y, m(x, ids, tw), rtol=0, atol=0)
     code = _compiled_code(codes)
-    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096,  // gate|up plan: forced") == 1
-    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096);  // down plan: forced") == 1
+    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096, 0,  // gate|up plan: forced") == 1
+    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096, 0);  // down plan: forced") == 1
 
 
 def test_template_never_fuses_an_epilogue(inductor_clean):

@@ -325,20 +325,22 @@ def test_amx_emulator_semantics_and_misuse(tmp_path):
 @pytest.mark.parametrize("op_name", ["int4_mm", "int4_mm_a8", "int4_mm_silu_mul"])
 def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
     """The decode kernels' prefetches (distance, next N tile into L2) are hints only: every setting of
-    the tuner's candidates gives the same bits as none, rows 1-8 (the decode kernels' rows), the
-    last tile's look-ahead past the weight's end included (N = 200: a partial last panel)."""
+    the tuner's candidates gives the same bits as none, rows 1-16 (the decode kernels' rows; from 5
+    rows with and without the rows' prefetch), the last tile's look-ahead past the weight's end
+    included (N = 200: a partial last panel)."""
     from awq_inductor.kernels import tuner
 
     op = schemes.OPS[op_name]
     N = 192 if op.spec.columns_per_output == 2 else 200
     w = op_args(op_name, N, 256, 64, bias=False, seed=3)[:len(op.scheme.weights)]
     kern = native.get_kernel(op_name, torch.bfloat16, isa)
-    base = kplan.forced_plan({"bf16_f32_min_m": 9, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
-    for M in (1, 3, 8):
+    base = kplan.forced_plan({"bf16_f32_min_m": 17, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
+    cands = tuner.decode_candidates(op.scheme)
+    for M in (1, 3, 8, 16):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
         ref = {i: kern(x, *w, None, 64, N, plan=base.with_decode(kplan.DEFAULT_DECODE._replace(int16_x=i)))
                for i in (0, 1)}
-        for pf in tuner.decode_candidates(op.scheme):
+        for pf in cands + (tuple(pf._replace(rows_prefetch=0) for pf in cands) if M >= 5 else ()):
             plan = base.with_decode(pf)
             assert torch.equal(kern(x, *w, None, 64, N, plan=plan), ref[pf.int16_x]), (M, pf)
 

@@ -190,7 +190,7 @@ def test_shapes_are_timed_and_cached_under_the_machines_decode_setting(tune_dir)
     seen = []
 
     def timer(path, plan, M):
-        seen.append((plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16, plan.decode_prefetch_l2))
+        seen.append(tuple(getattr(plan, f) for f in kplan.DECODE_FIELDS))
         return 1.0
 
     dec = kplan.DecodeSetting(1024, 0, 1, 4096)
@@ -199,7 +199,7 @@ def test_shapes_are_timed_and_cached_under_the_machines_decode_setting(tune_dir)
     key = tuning_cache.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
     tuning_cache.store(key, plan, times, decode=dec)
     path = tuning_cache.cache_path()
-    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1, 4096]
+    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1, 4096, 1]
     assert tuning_cache._cached(path, key, dec) is not None
     assert tuning_cache._cached(path, key, kplan.DEFAULT_DECODE) is None  # measured under another setting
 
@@ -359,8 +359,8 @@ def _compiled_code(lin, x):
 
 
 @pytest.mark.parametrize("winner,literal", [
-    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1, 4096,  // plan: tuned"),
-    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1, 4096,  // plan: tuned"),
+    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1, 4096, 1,  // plan: tuned"),
+    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1, 4096, 1,  // plan: tuned"),
 ])
 def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
     """Two candidate timings forced: the compiled kernel's thresholds select the faster one (and
@@ -523,7 +523,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
     # the L2 distance: picked where it is clearly faster, carried through the plan into Thresholds
     l2 = tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf, t: (fast[pf] - 0.4 * bool(pf.l2_distance)) * 1e-3)[0]
     assert l2 == DP(1024, 1, 1, tuner.DECODE_L2_DISTANCE)
-    assert kplan.Plan(5, 8, 9).with_decode(l2).cxx_args()[-4:] == (1024, 1, 1, tuner.DECODE_L2_DISTANCE)
+    assert kplan.Plan(5, 8, 9).with_decode(l2).cxx_args()[-5:] == (1024, 1, 1, tuner.DECODE_L2_DISTANCE, 1)
     # int16 x alone, without a prefetch: chosen where it is clearly faster
     assert tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf, t: (1.0 - 0.2 * pf.int16_x) * 1e-3)[0] == DP(0, 0, 1)
     # ... and not where it is a hair faster than the same prefetch on bf16 x (whose products are exact)
@@ -552,7 +552,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         plan = kplan.Plan(5, 8, 9, source="cached")
         tuned = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
         assert (tuned.decode_prefetch, tuned.prefetch_next_tile, tuned.decode_int16) == (512, 1, 1)
-        assert tuned.cxx_args()[-4:] == (512, 1, 1, 0)
+        assert tuned.cxx_args()[-5:] == (512, 1, 1, 0, 1)
         fp32 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.float32)
         assert (fp32.decode_prefetch, fp32.prefetch_next_tile, fp32.decode_int16) == (0, 0, 0)
         # an entry written before the int16 x choice: measured again
@@ -576,12 +576,48 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 4
         entry = json.loads(open(path).read())["machine_params"][f"decode_setting/{isa}/w4a16"]
         assert entry["regimes"] == list(tuner.decode_regimes())
+        # and one from before the rows' prefetch choice: measured again too
+        del entry["rows_prefetch"]
+        data["machine_params"][f"decode_setting/{isa}/w4a16"] = entry
+        open(path, "w").write(json.dumps(data))
+        tuning_cache.forget()
+        assert tuning_cache.decode_setting(isa) == DP(512, 1, 1) and len(measured) == 5
+        assert json.loads(open(path).read())["machine_params"][f"decode_setting/{isa}/w4a16"]["rows_prefetch"] == 1
         with config.patch(tune="off"):
             tuning_cache.forget()
             plan = tuning_cache.plan_for(OPS["int4_mm"], isa, torch.bfloat16, 256, 64, 64)
             assert (plan.decode_prefetch, plan.prefetch_next_tile, plan.decode_int16) == (0, 0, 0)
     finally:
         monkey.undo()
+
+
+def test_calls_of_many_rows_keep_their_prefetch_unless_off_is_clearly_faster():
+    """Calls of 5 rows or more prefetch with the rows' setting (rows_prefetch) unless, timed at ROWS_TIMED
+    rows and the kernels' threads, without it is MIN_GAIN faster by median and in most rounds; the
+    M = 1 choice is made first and kept; the choice reaches Thresholds' last field."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    isa, DP = isa_mod.select(), kplan.DecodeSetting
+    one_row = lambda pf, t: (1.0 - 0.5 * (pf == DP(1024, 1))) * 1e-3  # noqa: E731
+    rows_calls = []
+
+    def rows(off_ms, on_ms):
+        def timer(pf, threads):
+            rows_calls.append(threads)
+            return (on_ms if pf.rows_prefetch else off_ms) * 1e-3
+        return timer
+
+    best, times = tuner.tune_decode_setting(isa, W4A8.scheme, one_row, rows(2.0, 1.5))
+    assert best == DP(1024, 1, 0, 0, 1) and times["rows8"] == 2.0 and times["rows8+prefetch"] == 1.5
+    assert len(rows_calls) == 2 * tuner.DECODE_ROUNDS and set(rows_calls) == {config.threads()}
+    best = tuner.tune_decode_setting(isa, W4A8.scheme, one_row, rows(1.5, 2.0))[0]
+    assert best == DP(1024, 1, 0, 0, 0) and kplan.Plan(5, 8, 9).with_decode(best).cxx_args()[-1] == 0
+    assert tuner.setting_name(best) == "1024+next_tile+no_rows_prefetch"
+    assert tuner.tune_decode_setting(isa, W4A8.scheme, one_row, rows(1.0, 1.02))[0].rows_prefetch == 1  # within noise
+    # off faster by median (2 against 3 ms) but in 2 rounds of 5 only: kept on (on, off timed in turn)
+    seq = iter([3.0, 1.0, 3.0, 1.0, 3.0, 4.0, 1.0, 4.0, 1.0, 2.0])
+    best, times = tuner.tune_decode_setting(isa, W4A8.scheme, one_row, lambda pf, t: next(seq) * 1e-3)
+    assert best.rows_prefetch == 1 and times["rows8"] == 2.0 and times["rows8+prefetch"] == 3.0
 
 
 def test_decode_setting_is_chosen_over_the_thread_regimes():
@@ -641,7 +677,7 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
     plan = kplan.Plan(5, 8, 9, source="cached")
     a8 = tuning_cache._with_machine_params(plan, W4A8.scheme, isa, torch.bfloat16)
     a16 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
-    assert a8.cxx_args()[-4:] == (1024, 1, 0, 0) and a16.cxx_args()[-4:] == (2048, 0, 1, 0)
+    assert a8.cxx_args()[-5:] == (1024, 1, 0, 0, 1) and a16.cxx_args()[-5:] == (2048, 0, 1, 0, 1)
 
 
 @pytest.mark.parametrize("l3,want", [(32 << 20, 96 << 20), (8 << 20, 64 << 20), (480 << 20, 256 << 20),
@@ -712,19 +748,19 @@ def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monk
     assert tuner.streams_weights(tuner.RESIDENT_MAX_BYTES + 1)
     assert tuning_cache.tune_missing([small], torch.bfloat16, show=False) == 1 and measured == []
     plan = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
-    assert plan.cxx_args()[-4:] == tuple(kplan.DEFAULT_DECODE) and measured == []
+    assert plan.cxx_args()[-5:] == tuple(kplan.DEFAULT_DECODE) and measured == []
     entry = json.load(open(tuning_cache.cache_path()))["plans"][small.key(isa, torch.bfloat16)]
     assert entry["decode"] == list(kplan.DEFAULT_DECODE)
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-4:] == tuple(kplan.DEFAULT_DECODE)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-5:] == tuple(kplan.DEFAULT_DECODE)
     assert measured == []  # code generation for another small shape did not measure it either
 
     tuning_cache.forget()  # a later process loads a model of 64 MiB of int4 weights with the same shape
     assert tuning_cache.tune_missing([small], torch.bfloat16, show=False, weight_bytes=64 << 20) == 1
     assert measured == ["w4a16"]  # measured once, and the shape measured again under it
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-4:] == (1024, 0, 1, 0)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-5:] == (1024, 0, 1, 0, 1)
     tuning_cache.forget()  # from now on every plan carries the cached setting, small or not, never measured again
     assert tuning_cache.tune_missing([small], torch.bfloat16, show=False) == 0
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-4:] == (1024, 0, 1, 0)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-5:] == (1024, 0, 1, 0, 1)
     assert measured == ["w4a16"]
 
 
@@ -733,7 +769,7 @@ def test_a_large_shape_measures_the_decode_setting_where_it_is_generated(tune_di
     built by hand) measures the machine's decode setting when its plan is first asked for."""
     isa, measured = _measuring_setup(monkeypatch, kplan.DecodeSetting(512, 1, 0, 0))
     monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 128 // 2 - 1)
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-4:] == (512, 1, 0, 0)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-5:] == (512, 1, 0, 0, 1)
     assert measured == ["w4a16"]
 
 

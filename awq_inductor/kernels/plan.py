@@ -30,7 +30,7 @@ THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 #: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
 #: Inductor template's initializer are all made from this list.
 #: The Plan fields of the decode setting, in DecodeSetting's order (Plan.with_decode pairs them up).
-DECODE_FIELDS = ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2")
+DECODE_FIELDS = ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2", "rows_prefetch")
 CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m") + DECODE_FIELDS
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
@@ -55,6 +55,18 @@ DEFAULT_DECODE_INT16 = 0
 #: 79-87% (4 of 5 runs; at a slower moment 90 against 92%: benchmarks/results/decode_prefetch_l2_1205.md).
 #: Off without a measurement; tuned per machine with the rest of the setting.
 DEFAULT_DECODE_PREFETCH_L2 = 0
+#: Whether calls of ``kRowsPrefetchMinM`` (5) rows or more prefetch with the rows' setting
+#: (runtime/driver.h.j2 decode_prefetch_of: the next N tile into L2 where it fits, each stream 512 B
+#: ahead into L1 and 4 KB into L2), whatever the M = 1 setting says: their passes compute 5-8 rows per
+#: weight byte, so the stream is not what limits them, and without a prefetch each tile's first pass
+#: waits on memory. Hot, 2 threads, Zen 4, interleaved with the int8 dot-product peak, W4A8 (whose
+#: M = 1 tuning keeps no prefetch) at M = 5 / 8 / 16 / 32: 4096 x 11008 0.90 / 1.44 / 2.45 / 4.34 ms
+#: (54 / 55 / 65 / 72 % of the peak) without, 0.67 / 1.03 / 1.97 / 3.88 ms (73 / 77 / 81 / 81 %) with;
+#: 11008 x 4096 (tiles too large for the next tile's prefetch) at M = 8 / 16 / 32 1.24 / 2.26 / 4.45 ms
+#: (63 / 69 / 72 %) without, 0.97 / 1.97 / 4.10 (82 / 79 / 78 %) with. W4A16, whose M = 1 setting
+#: here already prefetches all three, within 1 % (benchmarks/results/rows_prefetch_zen4_1207.md). On
+#: unless the machine's measurement says otherwise (kernels/tuner.py tune_decode_setting).
+DEFAULT_ROWS_PREFETCH = 1
 #: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
 #: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are
 #: multiples of 32); more rows dequantize with the scales once per M block (``amx``). 4096 x 11008,
@@ -66,18 +78,20 @@ AMX_GROUPS_MAX_M = 32
 class DecodeSetting(NamedTuple):
     """The decode kernels' setup on one machine: software prefetch (bytes ahead within each weight
     stream, 0: none; whether the next N tile is prefetched into L2 too, 0 / 1), whether bf16 x
-    runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`) and the distance of the
-    prefetch into L2 within each stream (bytes, 0: none, :data:`DEFAULT_DECODE_PREFETCH_L2`)."""
+    runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`), the distance of the
+    prefetch into L2 within each stream (bytes, 0: none, :data:`DEFAULT_DECODE_PREFETCH_L2`), and
+    whether calls of 5 rows or more prefetch with the rows' setting (0 / 1, :data:`DEFAULT_ROWS_PREFETCH`)."""
 
     distance: int
     next_tile: int
     int16_x: int = DEFAULT_DECODE_INT16
     l2_distance: int = DEFAULT_DECODE_PREFETCH_L2
+    rows_prefetch: int = DEFAULT_ROWS_PREFETCH
 
 
-#: The constants' choice (no prefetch, bf16 x).
+#: The constants' choice (no prefetch at M = 1, bf16 x, the rows' prefetch from 5 rows).
 DEFAULT_DECODE = DecodeSetting(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_DECODE_INT16,
-                               DEFAULT_DECODE_PREFETCH_L2)
+                               DEFAULT_DECODE_PREFETCH_L2, DEFAULT_ROWS_PREFETCH)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +110,7 @@ class Plan:
     prefetch_next_tile: int = DEFAULT_NEXT_TILE_PREFETCH
     decode_int16: int = DEFAULT_DECODE_INT16
     decode_prefetch_l2: int = DEFAULT_DECODE_PREFETCH_L2
+    rows_prefetch: int = DEFAULT_ROWS_PREFETCH
     source: str = "default"
 
     def with_decode(self, setting: DecodeSetting) -> "Plan":

@@ -379,9 +379,11 @@ def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
 
 
 def setting_name(setting: DecodeSetting) -> str:
-    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``: a setting's key in the cached timings."""
+    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``, ``"0+no_rows_prefetch"``: a setting's
+    key in the cached timings and its name in the log."""
     return (f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
-            + (f"+l2_{setting.l2_distance}" if setting.l2_distance else ""))
+            + (f"+l2_{setting.l2_distance}" if setting.l2_distance else "")
+            + ("" if setting.rows_prefetch else "+no_rows_prefetch"))
 
 
 def decode_regimes() -> Tuple[int, ...]:
@@ -405,8 +407,8 @@ def _regime_cost(times: Dict[DecodeSetting, Dict[int, float]]) -> Dict[DecodeSet
     return {pf: max(t[g] / fastest[g] for g in regimes) for pf, t in times.items()}
 
 
-def tune_decode_setting(isa: str, scheme: Scheme = W4A16,
-                        timer: Optional[Callable[[DecodeSetting, int], float]] = None) -> Tuple[DecodeSetting, dict]:
+def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callable[[DecodeSetting, int], float]] = None,
+                        rows_timer: Optional[Callable[[DecodeSetting, int], float]] = None) -> Tuple[DecodeSetting, dict]:
     """(setting, {setting name: ms per call, ``name@Nt`` at N threads, "noisy": bool}) for ``scheme``
     on this machine: its linear op's bf16 decode kernel at M = 1 (4096 x 2048, G = 128), each setting
     of :func:`decode_candidates` timed over cold copies of the weights at each thread count of
@@ -422,8 +424,12 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16,
     Why per scheme: the W4A8 loop issues fewer instructions per weight byte and wants other
     streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
     4096, bench_prefetch.py: W4A16 best 2 KB + int16 x 81 / 79%, next tile 76-78%; W4A8 2 KB 90 /
-    84%, 1 KB + next tile 98 / 90%). ``timer`` (tests): (setting, threads) -> seconds per call."""
-    timer = timer or _cold_decode_timer(isa, scheme)
+    84%, 1 KB + next tile 98 / 90%). Then the prefetch choice of calls of 5 rows or more
+    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows). ``timer`` and ``rows_timer`` (tests):
+    (setting, threads) -> seconds per call at M = 1 and at ROWS_TIMED rows (without ``rows_timer``
+    where ``timer`` is given: the constant's choice)."""
+    if timer is None:
+        timer, rows_timer = _cold_decode_timer(isa, scheme), _cold_decode_timer(isa, scheme, ROWS_TIMED)
     settings, regimes = decode_candidates(scheme), decode_regimes()
     rounds: List[Dict[DecodeSetting, Dict[int, float]]] = []
     with background.quiet_for_timing():
@@ -432,6 +438,16 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16,
             for g in regimes:
                 for pf in settings:
                     rounds[-1][pf][g] = timer(pf, g)
+        best, times = _one_row_choice(rounds, regimes)
+        if rows_timer is not None:
+            best, rows_times = _rows_prefetch(best, rows_timer)
+            times.update(rows_times)
+    return best, times
+
+
+def _one_row_choice(rounds: List[Dict[DecodeSetting, Dict[int, float]]], regimes: Tuple[int, ...]) -> Tuple[DecodeSetting, dict]:
+    """:func:`tune_decode_setting`'s choice from its M = 1 rounds, and the medians by setting name."""
+    settings = tuple(rounds[0])
     med = {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in settings}
     cost = _regime_cost(med)
     best = min(cost, key=cost.get)
@@ -446,12 +462,32 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16,
     return best, {**{names[pf, g]: round(med[pf][g] * 1e3, 4) for pf in settings for g in regimes}, "noisy": noisy}
 
 
-def _cold_decode_timer(isa: str, scheme: Scheme) -> Callable[[DecodeSetting, int], float]:
+#: Rows the prefetch choice of multi-row calls is timed at: one full pass of the decode kernels.
+ROWS_TIMED = 8
+
+
+def _rows_prefetch(best: DecodeSetting, timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
+    """``best`` with the prefetch choice of calls of 5 rows or more (``rows_prefetch``: the rows'
+    setting of runtime/driver.h.j2 decode_prefetch_of, or the M = 1 setting), and its timings (ms,
+    ``rows8`` / ``rows8+prefetch``): on (:data:`~awq_inductor.kernels.plan.DEFAULT_ROWS_PREFETCH`)
+    unless off is ``MIN_GAIN`` faster by median and in most of :data:`DECODE_ROUNDS` interleaved
+    rounds, at the kernels' threads (these passes are bound by the dot products, not the stream: the
+    one-thread regime says nothing of them)."""
+    on, off, threads = best._replace(rows_prefetch=1), best._replace(rows_prefetch=0), config.threads()
+    rounds = [{pf: timer(pf, threads) for pf in (on, off)} for _ in range(DECODE_ROUNDS)]
+    med = {pf: statistics.median(r[pf] for r in rounds) for pf in (on, off)}
+    wins = sum(r[off] * MIN_GAIN < r[on] for r in rounds)
+    value = 0 if med[off] * MIN_GAIN < med[on] and 2 * wins > DECODE_ROUNDS else 1
+    return best._replace(rows_prefetch=value), {f"rows{ROWS_TIMED}": round(med[off] * 1e3, 4),
+                                                 f"rows{ROWS_TIMED}+prefetch": round(med[on] * 1e3, 4)}
+
+
+def _cold_decode_timer(isa: str, scheme: Scheme, rows: int = 1) -> Callable[[DecodeSetting, int], float]:
     op, K, n, G = Op(scheme, LINEAR), 4096, 2048, 128
     qw, *rest = _random_weights(op, K, n, G)
     copies = [hugepages.copy_on_huge_pages(qw) for _ in range(max(1, cold_bytes() // qw.nbytes))]
     kern = native.get_kernel(op.name, torch.bfloat16, isa)
-    x = torch.randn(1, K).to(torch.bfloat16)
+    x = torch.randn(rows, K).to(torch.bfloat16)
     base = dataclasses.replace(default_plan(), bf16_f32_min_m=NEVER, amx_min_m=NEVER, panel_min_m=NEVER)
     kern(x, qw, *rest, None, G, n, plan=base)  # built and warm before the clock
 

@@ -157,8 +157,8 @@ def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dt
 def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, measure: bool = True) -> DecodeSetting:
     """The decode kernels' setting of ``scheme`` on this machine (prefetch, int16 x): the cached
     measurement (one per machine key, ISA and scheme), measured now where there is none (an entry
-    written before the int16 x or L2 distance choice existed, or timed without the one-thread regime
-    of ``tuner.decode_regimes``, counts as none), ``measure`` and
+    written before the int16 x, L2 distance or rows' next-tile choice existed, or timed without the
+    one-thread regime of ``tuner.decode_regimes``, counts as none), ``measure`` and
     ``config.tune == "auto"`` (or ``remeasure``), else the constants' (not remembered: a later call
     may measure). ``measure`` is False for weights that stay in cache (``tuner.streams_weights``).
     A machine property, not a shape's: every cached and tuned bf16 plan of the scheme carries it."""
@@ -167,7 +167,7 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, me
         return _decode_memo[key]
     path, name = cache_path(), f"decode_setting/{isa}/{scheme.name}"
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
-    if isinstance(entry, dict) and not {"next_tile", "int16_x", "l2_bytes", "regimes"} <= set(entry):
+    if isinstance(entry, dict) and not {"next_tile", "int16_x", "l2_bytes", "regimes", "rows_prefetch"} <= set(entry):
         entry = None
     if entry is None and not remeasure and (config.tune != "auto" or not measure):
         return DEFAULT_DECODE
@@ -179,13 +179,14 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, me
             data["machine"] = cache_key.machine(threads(), hugepages.in_use())
             data.setdefault("machine_params", {})[name] = {"bytes": value.distance, "next_tile": value.next_tile,
                                                            "int16_x": value.int16_x, "l2_bytes": value.l2_distance,
+                                                           "rows_prefetch": value.rows_prefetch,
                                                            "regimes": list(tuner.decode_regimes()), "times_ms": times}
             _write(path, data)
         log.info("awq_inductor: decode setting on this machine: %s (%s)", tuner.setting_name(value), times)
     else:
         try:
             value = DecodeSetting(int(entry["bytes"]), int(entry["next_tile"]), int(entry["int16_x"]),
-                                  int(entry["l2_bytes"]))
+                                  int(entry["l2_bytes"]), int(entry["rows_prefetch"]))
         except (KeyError, TypeError, ValueError):
             log.warning("awq_inductor: ignoring the malformed %s entry in %s", name, path)
             return DEFAULT_DECODE
