@@ -26,8 +26,7 @@ from .. import config
 from ..schemes import OP_SPECS, OPS, Scheme
 from . import isa as isa_mod
 from .plan import (AMX_GROUPS_MAX_M, BF16_F32_MIN_M, CXX_FIELDS, DEFAULT_DECODE_INT16, DEFAULT_DECODE_PREFETCH,
-                   DEFAULT_ROWS_PREFETCH,
-                   DEFAULT_DECODE_PREFETCH_L2, DEFAULT_NEXT_TILE_PREFETCH)
+                   DEFAULT_DECODE_PREFETCH_L2, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_ROWS_PREFETCH)
 
 #: Rows / columns of the fp32 accumulator tile handed to ``store`` (``AWQ_TILE_M`` / ``AWQ_TILE_N``).
 TILE_M = 32

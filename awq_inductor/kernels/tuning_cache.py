@@ -157,7 +157,7 @@ def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dt
 def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, measure: bool = True) -> DecodeSetting:
     """The decode kernels' setting of ``scheme`` on this machine (prefetch, int16 x): the cached
     measurement (one per machine key, ISA and scheme), measured now where there is none (an entry
-    written before the int16 x, L2 distance or rows' next-tile choice existed, or timed without the
+    written before the int16 x, L2 distance or rows' prefetch choice existed, or timed without the
     one-thread regime of ``tuner.decode_regimes``, counts as none), ``measure`` and
     ``config.tune == "auto"`` (or ``remeasure``), else the constants' (not remembered: a later call
     may measure). ``measure`` is False for weights that stay in cache (``tuner.streams_weights``).
