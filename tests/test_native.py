@@ -378,6 +378,27 @@ def test_int16_decode_matches_the_bf16_decode(isa, op_name, K, G):
 
 
 @pytest.mark.parametrize("isa", DECODE_ISAS)
+@pytest.mark.parametrize("int16_x", [0, 1])
+def test_decode_rows_fold_their_own_group_sums(isa, int16_x):
+    """The decode kernels fold each row's sum of x per group, computed once per call (w4a16::group_sums,
+    quantize_x_int16's sums of xi) and read by every panel pass: past the first 64-row cache block and
+    the first 4-row block each row must get its own. Rows are offset by different constants, so a
+    neighbour's sums would be off by (128 + z) * offset * G, far outside the tolerance; K slices that
+    start inside a group (K = 384, G = 128, 2 threads) compute their partial sums in the kernel."""
+    N = 64
+    plan = kplan.forced_plan({"bf16_f32_min_m": 128, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
+    plan = plan.with_decode(kplan.DEFAULT_DECODE._replace(int16_x=int16_x))
+    kern = native.get_kernel("int4_mm", torch.bfloat16, isa)
+    for K, G, M in ((512, 64, 70), (384, 128, 13)):
+        w = op_args("int4_mm", N, K, G, bias=False, seed=7)[:3]
+        g = torch.Generator().manual_seed(K)
+        x = (torch.randn(M, K, generator=g) + (torch.arange(M) % 7 - 3).float()[:, None]).bfloat16()
+        ref = oracles.int4_mm("int4_mm", x.float(), *w, None, G, N)
+        torch.testing.assert_close(kern(x, *w, None, G, N, plan=plan).float(), ref, rtol=1e-2,
+                                   atol=1e-2 * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("isa", DECODE_ISAS)
 def test_int16_decode_runs_where_it_applies_and_nowhere_else(isa):
     """The int16 path is taken (a value 2^-17 of its group's largest rounds to zero on it, where the
     dpbf16 kernel keeps it, up to its fp32 rounding of the 128 + q offset), and not for G > 4096 (int32 sums no longer exact) or NaN/Inf in x (the
