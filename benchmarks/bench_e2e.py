@@ -17,7 +17,9 @@ per batch size for ``--batch-methods`` (W4A16 and W4A8 ours compiled, int4pack, 
 left-padded prompts (row i padded by min(3 i, prompt_len / 2) tokens, attention mask passed);
 ours compiled through ``compile_for_generate`` (dynamic shapes: one set of graphs for every batch
 size) with Dynamo's caches reset between methods, since the models share ``forward``'s code
-object and with it Dynamo's recompile limit of 8 graphs.
+object and with it Dynamo's recompile limit of 8 graphs. ``--rounds R``: every batch size R times
+per method, in rounds (order reversed every other round); the ratio to batch 1 is the median of the
+rounds' own ratios.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import copy
 import functools
 import json
 import os
+import statistics
 import tempfile
 import time
 
@@ -112,7 +115,8 @@ def main(argv=None):
     p.add_argument("--batch-methods", default=",".join(BATCH_METHODS))
     p.add_argument("--repeats", type=int, default=5, help="timed generate pairs per measurement")
     p.add_argument("--rounds", type=int, default=1, help="rounds of the compiled methods, interleaved "
-                   "(compiled, compiledwhole, compiled, ...); the table has each one's median-decode round")
+                   "(compiled, compiledwhole, compiled, ...); the table has each one's median-decode round. "
+                   "With --batch-sizes: rounds of every batch size per method, order reversed every other round")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     methods = a.methods.split(",")
@@ -243,29 +247,48 @@ def batched_main(a, model, ref):
     if unknown:
         raise SystemExit(f"--batch-methods: unknown {unknown}, expected some of {list(BATCH_METHODS)}")
     load = os.getloadavg()
-    res = {}
+    rounds = {}  # method -> batch size -> decode tok/s per round
     for name in names:
         m = BATCH_METHODS[name](model, ref)
-        for b in sizes:
-            ids, mask = left_padded(b, a.prompt_len, a.vocab, seed=b)
-            pf, dc, _ = bench(m, ids, a.new_tokens, f"{name} batch {b}", repeats=a.repeats, attention_mask=mask)
-            res.setdefault(name, {})[b] = dc
+        for r in range(a.rounds):
+            # every batch size once per round, the order reversed every other round: the host's bandwidth
+            # moves from minute to minute, and a ratio to batch 1 compares figures of one round
+            for b in (sizes if r % 2 == 0 else sizes[::-1]):
+                ids, mask = left_padded(b, a.prompt_len, a.vocab, seed=b)
+                _, dc, _ = bench(m, ids, a.new_tokens, f"{name} batch {b} round {r + 1}", repeats=a.repeats,
+                                 attention_mask=mask)
+                rounds.setdefault(name, {}).setdefault(b, []).append(dc)
         del m
         torch._dynamo.reset()
     load_after = os.getloadavg()
+    res = {name: {b: statistics.median(v) for b, v in row.items()} for name, row in rounds.items()}
+    table = _batched_table(a, sizes, rounds, res, load, load_after)
+    print("\n" + table)
+    write_results(a.out, {"args": vars(a), "load_avg": [load, load_after], "aggregate_decode_tok_s": res,
+                          "per_round": rounds}, table)
+    return res
+
+
+def _batched_table(a, sizes, rounds, res, load, load_after) -> str:
+    """The median over rounds per batch size, and its ratio to batch 1: the median of the rounds' own
+    ratios, with their range where there are several rounds."""
     lines = [f"threads={a.threads} layers={a.layers} hidden={a.hidden} inter={a.intermediate} heads={a.heads}/"
              f"{a.kv_heads} vocab={a.vocab} group={a.group_size} prompt={a.prompt_len} (left-padded) new={a.new_tokens} "
-             f"repeats={a.repeats}; load average before {load[0]:.2f}, after {load_after[0]:.2f}", "",
-             "aggregate decode tok/s (all rows), and its ratio to batch 1 of the same method", "",
+             f"repeats={a.repeats} rounds={a.rounds}; load average before {load[0]:.2f}, after {load_after[0]:.2f}", "",
+             "aggregate decode tok/s (all rows, median over rounds), and its ratio to batch 1 of the same method "
+             "(median of each round's ratio, [range])", "",
              "| method | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
     for name, row in res.items():
-        one = row.get(1)
-        cells = [f"{row[b]:.1f}" + (f" ({row[b] / one:.2f}x)" if one else "") for b in sizes]
+        cells = []
+        for b in sizes:
+            cell = f"{row[b]:.1f}"
+            if 1 in row:
+                ratios = [x / one for x, one in zip(rounds[name][b], rounds[name][1])]
+                cell += f" ({statistics.median(ratios):.2f}x" + (
+                    f" [{min(ratios):.2f}-{max(ratios):.2f}])" if len(ratios) > 1 else ")")
+            cells.append(cell)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
-    print("\n" + table)
-    write_results(a.out, {"args": vars(a), "load_avg": [load, load_after], "aggregate_decode_tok_s": res}, table)
-    return res
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -143,14 +143,17 @@ def test_bench_e2e_batched_smoke(tmp_path, monkeypatch):
     out = str(tmp_path / "batched.json")
     res = mod.main(["--layers", "1", "--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2",
                     "--vocab", "256", "--group-size", "32", "--prompt-len", "8", "--new-tokens", "3",
-                    "--threads", "1", "--batch-sizes", "1,2", "--repeats", "1",
+                    "--threads", "1", "--batch-sizes", "1,2", "--repeats", "1", "--rounds", "2",
                     "--batch-methods", "int4pack,dense", "--out", out])
     # (the compiled W4A16 / W4A8 rows are left out here: their compile took 2 of this test's 2.3
     # minutes; tests/test_batched_decode.py runs the compiled batched path)
     assert set(res) == {"int4pack", "dense"}
     assert all(set(row) == {1, 2} and min(row.values()) > 0 for row in res.values())
-    assert json.load(open(out))["aggregate_decode_tok_s"]["dense"]["2"] > 0
-    assert "| dense | " in open(str(tmp_path / "batched.md")).read()
+    saved = json.load(open(out))
+    assert saved["aggregate_decode_tok_s"]["dense"]["2"] > 0
+    assert [len(v) for v in saved["per_round"]["dense"].values()] == [2, 2]  # every batch size in both rounds
+    table = open(str(tmp_path / "batched.md")).read()
+    assert "| dense | " in table and "(1.00x [1.00-1.00])" in table
 
 
 def test_llama_bench_rows_are_read_from_its_json(tmp_path, monkeypatch, capsys):
