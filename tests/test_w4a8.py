@@ -78,6 +78,22 @@ def test_numerics_per_isa(isa, dtype):
                 assert rel_err(got, exact) < 1e-5, (isa, K, N, G, M)
 
 
+@pytest.mark.skipif(not HAS_AVX512, reason="needs AVX512-VNNI/BF16")
+@pytest.mark.parametrize("K,N,G", [(512, 200, 128), (384, 96, 384)])
+def test_many_rows_fold_as_the_decode_rows(K, N, G):
+    """Above 32 rows the VNNI path expands q - z once per group chunk and folds each group's sums into
+    C: in registers where the group is one chunk (G <= 256, vnni_buf_group), through an int32 buffer
+    otherwise (flush_group). Either way the same integer per group and the same fold as the decode
+    kernel's, so every row equals that row computed in 8-row calls (1 thread: no K slices)."""
+    k = _kernel("avx512", torch.bfloat16)
+    w = packed(K, N, G)
+    x = (torch.randn(70, K, generator=torch.Generator().manual_seed(3)) * 2).bfloat16()
+    with config.patch(num_threads=1):
+        many = k(x, *w)
+        rows = torch.cat([k(x[i:i + 8], *w) for i in range(0, 70, 8)])
+    assert torch.equal(many, rows)
+
+
 def test_zero_rows_and_k_slicing():
     """A zero activation row (sa = 0) gives exactly the bias; M=1 with 2+ threads K-slices."""
     w = packed(512, 64, 64)

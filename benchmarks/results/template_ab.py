@@ -1,0 +1,93 @@
+"""A shipped kernel change against the kernels before it: the library rendered as shipped, and rendered with
+text substitutions that restore the earlier code path. One K x N layer, hot (the same layer every call),
+interleaved call by call with the dot-product peak, order rotated; outputs checked bit-identical.
+
+    python benchmarks/results/template_ab.py CHANGE M,M,... KxN [FIELD=VALUE,...] [REPS]
+
+CHANGE (see CHANGES): ``group_sums`` (W4A16 decode kernels reading the rows' sums of x per group, computed once
+per call, against computing them for every panel pass; FIELD ``decode_int16=0|1`` picks the x form) or
+``group_fold`` (W4A8 many-row VNNI path folding a one-chunk group's sums in registers, against the int32
+buffer, cleared, loaded, stored and reloaded by flush_group). FIELD=VALUE: plan fields replaced. Share: 2 M N K /
+time over the peak (vdpbf16ps for W4A16, vpdpbusd for W4A8).
+"""
+import dataclasses
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch  # noqa: E402
+
+import peak_probe  # noqa: E402
+from awq_inductor import AWQLinear  # noqa: E402
+from awq_inductor.kernels import codegen, native, tuning_cache  # noqa: E402
+
+#: change -> (act_quant, the substitutions that restore the code before it)
+CHANGES = {
+    "group_sums": (None, [("const bool whole = xsum != nullptr &&", "const bool whole = false && xsum != nullptr &&"),
+                          ("const bool whole = xisum != nullptr &&", "const bool whole = false && xisum != nullptr &&")]),
+    "group_fold": ("int8", [("const bool one_chunk = kc_max == G;", "const bool one_chunk = false && kc_max == G;")]),
+}
+
+
+def _kernel(op_name: str, subs):
+    """The op's eager kernel from the library rendered with ``subs`` applied (each must match once)."""
+    for cached in (native._kernel, native._library, native._library_path):
+        cached.cache_clear()
+    render = codegen.render_eager
+
+    def patched(*args, **kwargs):
+        src = render(*args, **kwargs)
+        for old, new in subs:
+            if src.count(old) != 1:
+                raise SystemExit(f"template_ab: expected one {old!r} in the rendered source")
+            src = src.replace(old, new)
+        return src
+
+    codegen.render_eager = patched
+    try:
+        return native.get_kernel(op_name, torch.bfloat16)
+    finally:
+        codegen.render_eager = render
+
+
+def main(argv):
+    change, ms = argv[0], [int(m) for m in argv[1].split(",")]
+    K, N = map(int, argv[2].split("x"))
+    fields = dict(kv.split("=") for kv in argv[3].split(",") if kv) if len(argv) > 3 else {}
+    reps, G = int(argv[4]) if len(argv) > 4 else 30, 128
+    act_quant, subs = CHANGES[change]
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
+    s = (torch.randn(N, K // G, generator=g) * 0.01).to(torch.float16)
+    layer = AWQLinear.from_canonical(q, z, s, group_size=G, act_quant=act_quant)
+    weights = [getattr(layer, w.name) for w in layer.op.scheme.weights]
+    kerns = {"before": _kernel(layer.op.name, subs), "shipped": _kernel(layer.op.name, [])}
+    plan = tuning_cache.plan_for(layer.op, kerns["shipped"].isa, torch.bfloat16, K, N, G)
+    plan = dataclasses.replace(plan, **{k: int(v) for k, v in fields.items()})
+    print(f"{change}: {layer.op.name} {K}x{N} G{G}, 2 threads, plan {plan}")
+    peak, peak_ops = peak_probe.peak_calls(2, "int8" if act_quant else "bf16", iters=1 << 18)
+    for M in ms:
+        x = torch.randn(M, K, dtype=torch.bfloat16)
+        fns = {k: (lambda kk: lambda: kk(x, *weights, None, G, N, plan=plan))(kk) for k, kk in kerns.items()}
+        outs = [f() for f in fns.values()]
+        assert all(torch.equal(o, outs[0]) for o in outs), "outputs differ"
+        fns["peak"] = peak
+        names, t = list(fns), {k: [] for k in fns}
+        for rep in range(reps):
+            for k in names[rep % len(names):] + names[:rep % len(names)]:
+                t0 = time.perf_counter()
+                fns[k]()
+                t[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in t.items()}
+        rate = peak_ops / med["peak"]
+        cells = "  ".join(f"{k} {med[k] * 1e3:.3f} ms ({2 * M * K * N / med[k] / rate:.0%})" for k in kerns)
+        print(f"M={M}: {cells}  before/shipped {med['before'] / med['shipped']:.2f}  peak {rate / 1e12:.3f} T/s",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
