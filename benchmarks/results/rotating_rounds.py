@@ -1,6 +1,8 @@
 """Shared by decode_setting_regimes.py and head_prefetch_ab.py: variants of one kernel timed call by call in rotating
 order (no variant is always the one after the probe), each rep ending with the streaming-read probe, so that every
-variant's median and the probe's see the same machine; printed as ms per call and share of the probe's GB/s."""
+variant's median and the probe's see the same machine; printed as ms per call and share of the probe's GB/s.
+And by rows_prefetch_ab.py and template_ab.py: ``rotated_medians``, the same rotation of calls with no arguments
+(the dot-product peak one of them)."""
 import statistics
 import time
 from typing import Callable, Dict
@@ -25,3 +27,15 @@ def rotating_rounds(calls: Dict[str, Callable[[int], float]], probe: Callable[[]
         gbs = probe_bytes / med["probe"] / 1e9
         print(rnd, f"probe {gbs:.1f} GB/s", {k: f"{v * 1e3:.{digits}f} ms {weight_bytes / v / 1e9 / gbs:.0%}"
                                             for k, v in med.items() if k != "probe"}, flush=True)
+
+
+def rotated_medians(fns: Dict[str, Callable[[], object]], reps: int) -> Dict[str, float]:
+    """Median seconds per call of each of ``fns``, called one after the other ``reps`` times, the order rotated by one
+    every rep."""
+    names, ts = list(fns), {k: [] for k in fns}
+    for rep in range(reps):
+        for k in names[rep % len(names):] + names[:rep % len(names)]:
+            t0 = time.perf_counter()
+            fns[k]()
+            ts[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in ts.items()}

@@ -9,14 +9,13 @@ checked bit-identical); the share is 2 M N K / time over the peak (vpdpbusd for 
 """
 import dataclasses
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch  # noqa: E402
 
 import peak_probe  # noqa: E402
+from rotating_rounds import rotated_medians  # noqa: E402
 from awq_inductor import AWQLinear  # noqa: E402
 from awq_inductor.kernels import native, tuning_cache  # noqa: E402
 
@@ -43,13 +42,7 @@ def main(argv):
         outs = [f() for f in fns.values()]
         assert all(torch.equal(o, outs[0]) for o in outs)
         fns["peak"] = peak
-        names, t = list(fns), {k: [] for k in fns}
-        for rep in range(reps):
-            for k in names[rep % len(names):] + names[:rep % len(names)]:
-                t0 = time.perf_counter()
-                fns[k]()
-                t[k].append(time.perf_counter() - t0)
-        med = {k: statistics.median(v) for k, v in t.items()}
+        med = rotated_medians(fns, reps)
         rate = peak_ops / med["peak"]
         cells = "  ".join(f"{k} {med[k] * 1e3:.3f} ms ({2 * M * K * N / med[k] / rate:.0%})" for k in variants)
         print(f"M={M}: {cells}  off/on {med['rows_prefetch=0'] / med['rows_prefetch=1']:.2f}  peak {rate / 1e12:.3f} T/s")
