@@ -326,7 +326,8 @@ def test_amx_emulator_semantics_and_misuse(tmp_path):
 def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
     """The decode kernels' prefetches (distance, next N tile into L2) are hints only: every setting of
     the tuner's candidates gives the same bits as none, rows 1-16 (the decode kernels' rows; from 5
-    rows with and without the rows' prefetch), the last tile's look-ahead past the weight's end
+    rows with and without the rows' prefetch) and 40 (W4A8's many-row path, whose expansion of the
+    weights prefetches with the rows' setting), the last tile's look-ahead past the weight's end
     included (N = 200: a partial last panel)."""
     from awq_inductor.kernels import tuner
 
@@ -336,7 +337,7 @@ def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
     kern = native.get_kernel(op_name, torch.bfloat16, isa)
     base = kplan.forced_plan({"bf16_f32_min_m": 17, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
     cands = tuner.decode_candidates(op.scheme)
-    for M in (1, 3, 8, 16):
+    for M in (1, 3, 8, 16, 40):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
         ref = {i: kern(x, *w, None, 64, N, plan=base.with_decode(kplan.DEFAULT_DECODE._replace(int16_x=i)))
                for i in (0, 1)}

@@ -7,7 +7,8 @@ interleaved call by call with the dot-product peak, order rotated; outputs check
 CHANGE (see CHANGES): ``group_sums`` (W4A16 decode kernels reading the rows' sums of x per group, computed once
 per call, against computing them for every panel pass; FIELD ``decode_int16=0|1`` picks the x form) or
 ``group_fold`` (W4A8 many-row VNNI path folding a one-chunk group's sums in registers, against the int32
-buffer, cleared, loaded, stored and reloaded by flush_group). FIELD=VALUE: plan fields replaced. Share: 2 M N K /
+buffer, cleared, loaded, stored and reloaded by flush_group) or ``expand_prefetch`` (the same path's expansion of the
+weights prefetching with the rows' setting, against no prefetch). FIELD=VALUE: plan fields replaced. Share: 2 M N K /
 time over the peak (vdpbf16ps for W4A16, vpdpbusd for W4A8).
 """
 import dataclasses
@@ -27,6 +28,7 @@ CHANGES = {
     "group_sums": (None, [("const bool whole = xsum != nullptr &&", "const bool whole = false && xsum != nullptr &&"),
                           ("const bool whole = xisum != nullptr &&", "const bool whole = false && xisum != nullptr &&")]),
     "group_fold": ("int8", [("const bool one_chunk = kc_max == G;", "const bool one_chunk = false && kc_max == G;")]),
+    "expand_prefetch": ("int8", [("kc, ke, B + p * bstride, pf_l2, ahead);", "kc, ke, B + p * bstride, 0, 0);")]),
 }
 
 
