@@ -25,8 +25,7 @@ from awq_inductor.kernels import codegen, native, tuning_cache  # noqa: E402
 
 #: change -> (act_quant, the substitutions that restore the code before it)
 CHANGES = {
-    "group_sums": (None, [("const bool whole = xsum != nullptr &&", "const bool whole = false && xsum != nullptr &&"),
-                          ("const bool whole = xisum != nullptr &&", "const bool whole = false && xisum != nullptr &&")]),
+    "group_sums": (None, [("const bool whole = sums != nullptr &&", "const bool whole = false && sums != nullptr &&")]),
     "group_fold": ("int8", [("const bool one_chunk = kc_max == G;", "const bool one_chunk = false && kc_max == G;")]),
     "expand_prefetch": ("int8", [("kc, ke, B + p * bstride, pf_l2, ahead);", "kc, ke, B + p * bstride, 0, 0);")]),
 }
