@@ -262,14 +262,14 @@ def batched_main(a, model, ref):
         torch._dynamo.reset()
     load_after = os.getloadavg()
     res = {name: {b: statistics.median(v) for b, v in row.items()} for name, row in rounds.items()}
-    table = _batched_table(a, sizes, rounds, res, load, load_after)
+    table = _batched_table(a, sizes, rounds, load, load_after)
     print("\n" + table)
     write_results(a.out, {"args": vars(a), "load_avg": [load, load_after], "aggregate_decode_tok_s": res,
                           "per_round": rounds}, table)
     return res
 
 
-def _batched_table(a, sizes, rounds, res, load, load_after) -> str:
+def _batched_table(a, sizes, rounds, load, load_after) -> str:
     """The median over rounds per batch size, and its ratio to batch 1: the median of the rounds' own
     ratios, with their range where there are several rounds."""
     lines = [f"threads={a.threads} layers={a.layers} hidden={a.hidden} inter={a.intermediate} heads={a.heads}/"
@@ -278,12 +278,12 @@ def _batched_table(a, sizes, rounds, res, load, load_after) -> str:
              "aggregate decode tok/s (all rows, median over rounds), and its ratio to batch 1 of the same method "
              "(median of each round's ratio, [range])", "",
              "| method | " + " | ".join(f"batch {b}" for b in sizes) + " |", "|---|" + "---|" * len(sizes)]
-    for name, row in res.items():
+    for name, row in rounds.items():
         cells = []
         for b in sizes:
-            cell = f"{row[b]:.1f}"
+            cell = f"{statistics.median(row[b]):.1f}"
             if 1 in row:
-                ratios = [x / one for x, one in zip(rounds[name][b], rounds[name][1])]
+                ratios = [x / one for x, one in zip(row[b], row[1])]
                 cell += f" ({statistics.median(ratios):.2f}x" + (
                     f" [{min(ratios):.2f}-{max(ratios):.2f}])" if len(ratios) > 1 else ")")
             cells.append(cell)
