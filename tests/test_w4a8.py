@@ -5,6 +5,7 @@ signed scales) are printed (``pytest -s``) and written to ``$AWQ_W4A8_REPORT`` w
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -15,6 +16,7 @@ from helpers import op_args
 from awq_inductor import config, packing, schemes
 from awq_inductor.ops import oracles
 from awq_inductor.kernels import native
+from awq_inductor.kernels import plan as kplan
 from awq_inductor.kernels import isa as isa_mod
 from awq_inductor import ops as awq_ops
 from awq_inductor.nn import AWQGateUpSiluMul, AWQLinear
@@ -92,6 +94,24 @@ def test_many_rows_fold_as_the_decode_rows(K, N, G):
         many = k(x, *w)
         rows = torch.cat([k(x[i:i + 8], *w) for i in range(0, 70, 8)])
     assert torch.equal(many, rows)
+
+
+@pytest.mark.skipif(not (HAS_AVX512 and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx()),
+                    reason="needs AMX hardware")
+@pytest.mark.parametrize("M", [40, 70, 100])
+def test_amx_tiles_fold_each_strip_as_the_emulator(M):
+    """W4A8 on the AMX tiles themselves: every 32-row strip (the last one 8, 6 or 4 rows, on one 16-row tile
+    pair) folds its group sums right after its tiles; the same integers and the same fold as the tile
+    emulator's, and exact against x quantized the same way."""
+    plan = dataclasses.replace(kplan.default_plan(), amx_min_m=1, dense_min_m=kplan.NEVER)
+    hardware = native.get_kernel("int4_mm_a8", torch.float32, "amx")
+    emulated = _kernel("amx_emulated", torch.float32)
+    for K, N, G in SHAPES:
+        w = packed(K, N, G)
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 2
+        got = hardware(x, *w, plan=plan)
+        assert torch.equal(got, emulated(x, *w, plan=plan)), (K, N, G, M)
+        assert rel_err(got, oracles.int4_mm("int4_mm_a8", x, *w, quantize_x=True)) < 1e-5, (K, N, G, M)
 
 
 def test_zero_rows_and_k_slicing():

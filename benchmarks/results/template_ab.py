@@ -8,7 +8,8 @@ CHANGE (see CHANGES): ``group_sums`` (W4A16 decode kernels reading the rows' sum
 per call, against computing them for every panel pass; FIELD ``decode_int16=0|1`` picks the x form) or
 ``group_fold`` (W4A8 many-row VNNI path folding a one-chunk group's sums in registers, against the int32
 buffer, cleared, loaded, stored and reloaded by flush_group) or ``expand_prefetch`` (the same path's expansion of the
-weights prefetching with the rows' setting, against no prefetch). FIELD=VALUE: plan fields replaced. Share: 2 M N K /
+weights prefetching with the rows' setting, against no prefetch) or ``strip_fold`` (W4A8's AMX path folding each
+32-row strip's group sums right after its tiles, against folding the whole M block after all its strips). FIELD=VALUE: plan fields replaced. Share: 2 M N K /
 time over the peak (vdpbf16ps for W4A16, vpdpbusd for W4A8).
 """
 import dataclasses
@@ -28,6 +29,8 @@ CHANGES = {
     "group_sums": (None, [("const bool whole = sums != nullptr &&", "const bool whole = false && sums != nullptr &&")]),
     "group_fold": ("int8", [("const bool one_chunk = kc_max == G;", "const bool one_chunk = false && kc_max == G;")]),
     "expand_prefetch": ("int8", [("kc, ke, B + p * bstride, pf_l2, ahead);", "kc, ke, B + p * bstride, 0, 0);")]),
+    "strip_fold": ("int8", [('        for (int64_t mt = 0; mt < mrows; mt += 32) {\n          const bool two = mrows - mt > 16;\n          const uint8_t* a0 = ap + ((m0 + mt) / 16) * kt * kATile;\n          for (int p = 0; p < np; ++p)\n            micro::amx_block(a0, two ? a0 + kt * kATile : nullptr, kb, B + p * bstride, ke - kb,\n                             Ci + mt * kTileN + p * 32, kTileN, two, kstep, kb == g0);\n          if (ke == g0 + G)\n            fold_group_amx(Ci + mt * kTileN, kTileN, cp + g * ldsz, s + g * ldsz, int(std::min<int64_t>(32, mrows - mt)),\n                           np, C + mt * kTileN, kTileN);\n        }\n      }\n',
+                            '        for (int p = 0; p < np; ++p)\n          for (int mt = 0; mt < mrows; mt += 32) {\n            const bool two = mrows - mt > 16;\n            const uint8_t* a0 = ap + ((m0 + mt) / 16) * kt * kATile;\n            micro::amx_block(a0, two ? a0 + kt * kATile : nullptr, kb, B + p * bstride, ke - kb,\n                             Ci + mt * kTileN + p * 32, kTileN, two, kstep, kb == g0);\n          }\n      }\n      fold_group_amx(Ci, kTileN, cp + g * ldsz, s + g * ldsz, mrows, np, C, kTileN);\n')]),
 }
 
 
