@@ -96,22 +96,26 @@ def test_many_rows_fold_as_the_decode_rows(K, N, G):
     assert torch.equal(many, rows)
 
 
-@pytest.mark.skipif(not (HAS_AVX512 and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx()),
-                    reason="needs AMX hardware")
-@pytest.mark.parametrize("M", [40, 70, 100])
-def test_amx_tiles_fold_each_strip_as_the_emulator(M):
-    """W4A8 on the AMX tiles themselves: every 32-row strip (the last one 8, 6 or 4 rows, on one 16-row tile
-    pair) folds its group sums right after its tiles; the same integers and the same fold as the tile
-    emulator's, and exact against x quantized the same way."""
+HAS_AMX = HAS_AVX512 and torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx()
+
+
+@pytest.mark.skipif(not HAS_AVX512, reason="emulator built with AVX512")
+@pytest.mark.parametrize("M", [40, 70, 300])
+def test_amx_strips_fold_exactly(M):
+    """W4A8's AMX path: every 32-row strip (the last one 8, 6 or 12 rows, on one 16-row tile pair) folds its
+    group sums right after its tiles, a group at a time or, above 256 rows, after expanding the whole K range
+    at once: exact against x quantized the same way, on the tile emulator and, where the CPU has AMX, on
+    the tiles themselves, bit-identical to the emulator."""
     plan = dataclasses.replace(kplan.default_plan(), amx_min_m=1, dense_min_m=kplan.NEVER)
-    hardware = native.get_kernel("int4_mm_a8", torch.float32, "amx")
     emulated = _kernel("amx_emulated", torch.float32)
+    hardware = native.get_kernel("int4_mm_a8", torch.float32, "amx") if HAS_AMX else None
     for K, N, G in SHAPES:
         w = packed(K, N, G)
         x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 2
-        got = hardware(x, *w, plan=plan)
-        assert torch.equal(got, emulated(x, *w, plan=plan)), (K, N, G, M)
+        got = emulated(x, *w, plan=plan)
         assert rel_err(got, oracles.int4_mm("int4_mm_a8", x, *w, quantize_x=True)) < 1e-5, (K, N, G, M)
+        if hardware is not None:
+            assert torch.equal(hardware(x, *w, plan=plan), got), (K, N, G, M)
 
 
 def test_zero_rows_and_k_slicing():
