@@ -820,6 +820,35 @@ def test_a_large_shape_measures_the_decode_setting_where_it_is_generated(tune_di
     assert measured == ["w4a16"]
 
 
+def test_a_plan_timed_under_the_constants_setting_is_timed_again_once_the_machines_is_measured(tune_dir, monkeypatch):
+    """A small shape asked first (its weight stays in cache: timed under the constants' decode
+    setting), then a large one (measures the machine's setting): asked again, the small shape is
+    timed again under the machine's setting, never its remembered thresholds with the new setting
+    (on the AMX Xeon such a plan sent M = 2 of 4096 x 4096 to the fp32 rows at 2.3x the time)."""
+    isa, measured = _measuring_setup(monkeypatch, kplan.DecodeSetting(2048, 0, 1, 0))
+    ran_with = []
+
+    def timer_for(*_):
+        def timer(path, plan, M):
+            ran_with.append(tuple(getattr(plan, f) for f in kplan.DECODE_FIELDS))
+            return 1.0
+        return timer
+
+    monkeypatch.setattr(tuner, "kernel_timer", timer_for)
+    monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 256 // 2 - 1)  # 256 x 128 resident, 256 x 256 streams
+    first = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
+    assert measured == [] and set(ran_with) == {tuple(kplan.DEFAULT_DECODE)}
+    assert first.cxx_args()[-5:] == tuple(kplan.DEFAULT_DECODE)
+    tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 256, 64)
+    assert measured == ["w4a16"]
+    ran_with.clear()
+    again = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
+    assert ran_with and set(ran_with) == {(2048, 0, 1, 0, 1)}  # timed again, under the measured setting
+    assert again.cxx_args()[-5:] == (2048, 0, 1, 0, 1)
+    key = tuning_cache.shape_key(W4A16, isa, torch.bfloat16, 256, 128, 64)
+    assert json.load(open(tuning_cache.cache_path()))["plans"][key]["decode"] == [2048, 0, 1, 0, 1]
+
+
 def test_a_remembered_plan_is_returned_without_asking_the_caches_again(tune_dir, monkeypatch):
     """The eager op asks ``plan_for`` on every call: once a shape's plan is final, neither the
     cache-residency question (sysfs reads: 268 us a call when it ran first) nor anything else is redone."""

@@ -74,7 +74,12 @@ def _write(path: str, data: dict) -> None:
 
 
 _lock = threading.Lock()
-_memo: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan
+# (threads, shape key, the decode setting its candidates ran with) -> plan: a plan measured under the
+# constants' setting (a shape small enough to stay in cache, before any larger shape had the machine's
+# measured) is no answer once the machine's is known. On the AMX Xeon such a 4096 x 4096 plan, timed
+# on the bf16 dot products where the machine's setting runs int16 x, sent M = 2 to the fp32 rows: 1.00
+# ms against 0.44 on the decode kernel (benchmarks/results/stale_decode_plan_amx_1207.md).
+_memo: Dict[Tuple[int, str, Tuple[int, ...]], Plan] = {}
 _decode_memo: Dict[Tuple[int, str, str], DecodeSetting] = {}  # (threads, isa, scheme) -> its decode setting
 _final: Dict[Tuple[int, str], Plan] = {}  # (threads, shape key) -> plan_for's answer (with the machine's params)
 
@@ -90,7 +95,7 @@ def store(key: str, plan: Plan, times: dict, n_threads: Optional[int] = None,
         data["plans"][key] = {**plan.thresholds(), "noisy": plan.source == "noisy", "decode": list(decode),
                               "times_ms": times}
         _write(path, data)
-        _memo[(n_threads or threads(), key)] = dataclasses.replace(plan, source="tuned")
+        _memo[(n_threads or threads(), key, tuple(decode))] = dataclasses.replace(plan, source="tuned")
         _final.pop((n_threads or threads(), key), None)
 
 
@@ -124,10 +129,10 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
     if final is not None:  # the eager op asks on every call
         return final
     measure = tuner.streams_weights(Shape(op, K, out_features, G).weight_bytes)  # the decode setting, where absent
-    plan = _memo.get((threads(), key))
+    decode = _machine_decode(op.scheme, isa, x_dtype, measure)
+    plan = _memo.get((threads(), key, tuple(decode)))
     if plan is None:
         path = cache_path()
-        decode = _machine_decode(op.scheme, isa, x_dtype, measure)
         plan = _cached(path, key, decode)
         if plan is None and config.tune == "auto":
             t0 = time.perf_counter()
@@ -138,7 +143,7 @@ def plan_for(op: Op, isa: str, x_dtype: torch.dtype, K: int, out_features: int, 
                             key, time.perf_counter() - t0, plan.thresholds(), path)
         if plan is None:
             return _with_machine_params(default_plan(), op.scheme, isa, x_dtype, measure)
-        _memo[(threads(), key)] = plan
+        _memo[(threads(), key, tuple(decode))] = plan
     final = _final[(threads(), key)] = _with_machine_params(plan, op.scheme, isa, x_dtype, measure)
     return final
 
@@ -298,7 +303,7 @@ def tune_missing(shapes: List[Shape], x_dtype: torch.dtype, show: Optional[bool]
     decode = {}  # scheme -> its decode setting: once per machine, here at load where not cached (plans hold under it)
     for scheme in dict.fromkeys(s.op.scheme for s in shapes):
         decode[scheme] = _load_decode_setting(scheme, isa, x_dtype, streamed)
-    todo = [s for s in dict.fromkeys(shapes) if (n, s.key(isa, x_dtype)) not in _memo
+    todo = [s for s in dict.fromkeys(shapes) if (n, s.key(isa, x_dtype), tuple(decode[s.op.scheme])) not in _memo
             and _cached(path, s.key(isa, x_dtype), decode[s.op.scheme]) is None]
     # the kernels are built first, beside any background build (a g++ each); then one quiet block
     # for all the timing, so a background build cannot start between two shapes and hold up the next
