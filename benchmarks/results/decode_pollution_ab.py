@@ -1,0 +1,57 @@
+"""What the weight stream does to the Python after it: the M = 1 op (4096 x 11008) over 1 GiB of cold copies,
+each call followed by an eager RMSNorm of 4096 values (6 torch ops), the op rendered as shipped and with a
+variant, alternating by pass; GEMV GB/s and the RMSNorm's time after the call:
+
+    python benchmarks/results/decode_pollution_ab.py nta     # weight prefetches with the non-temporal hint
+    python benchmarks/results/decode_pollution_ab.py flush   # each weight line clflushopt'ed after use
+
+decode_step_budget_amx_1207.md."""
+import dataclasses, os, sys, statistics, time, torch
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE); sys.path.insert(0, os.path.join(HERE, ".."))
+import template_ab
+from awq_inductor import AWQLinear
+from awq_inductor.kernels import hugepages, tuning_cache, codegen
+def kernel_with(subs):
+    render = codegen.render_eager
+    def patched(*a, **k):
+        src = render(*a, **k)
+        for old, new in subs: src = src.replace(old, new)
+        return src
+    codegen.render_eager = patched
+    try: return template_ab._kernel("int4_mm", [])
+    finally: codegen.render_eager = render
+K, N, G = 4096, 11008, 128
+torch.set_num_threads(2)
+g = torch.Generator().manual_seed(0)
+q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
+z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
+s = (torch.randn(N, K // G, generator=g) * 0.01).to(torch.float16)
+layer = AWQLinear.from_canonical(q, z, s, group_size=G)
+W = [getattr(layer, w.name) for w in layer.op.scheme.weights]
+FLUSH = ('if (pf > 0 && (kp & 1) == 0) _mm_prefetch((const char*)(src + pf), _MM_HINT_T0);',
+         'if ((kp & 1) == 1 && kp >= 3) __asm__ volatile("clflushopt %0" :: "m"(*(const char*)(src - 64))); '
+         'if (pf > 0 && (kp & 1) == 0) _mm_prefetch((const char*)(src + pf), _MM_HINT_T0);')
+VARIANTS = {"nta": [("_MM_HINT_T0", "_MM_HINT_NTA"), ("_MM_HINT_T1", "_MM_HINT_NTA")], "flush": [FLUSH]}
+kerns = {"t0": kernel_with([]), sys.argv[1]: kernel_with(VARIANTS[sys.argv[1]])}
+plan = tuning_cache.plan_for(layer.op, kerns["t0"].isa, torch.bfloat16, K, N, G)
+print(plan)
+nb = sum(w.numel() * w.element_size() for w in W)
+copies = [(hugepages.copy_on_huge_pages(W[0]), *W[1:]) for _ in range(max(2, (1 << 30) // nb))]
+x = torch.randn(1, K).to(torch.bfloat16)
+a = torch.randn(1, 4096).bfloat16(); wln = torch.randn(4096).bfloat16()
+def pywork():
+    h = a.float(); v = h.pow(2).mean(-1, keepdim=True); h = h * torch.rsqrt(v + 1e-6); h = (wln * h.to(torch.bfloat16))
+    return h + a
+assert torch.equal(kerns["t0"](x, *W, None, G, N, plan=plan), kerns[sys.argv[1]](x, *W, None, G, N, plan=plan))
+res = {n: {"gemv": [], "py": []} for n in kerns}
+with torch.no_grad():
+  for r in range(8):
+    for n in (list(kerns) if r % 2 == 0 else list(kerns)[::-1]):
+        k = kerns[n]; tg = tp = 0.0
+        for c in copies:
+            t0 = time.perf_counter(); k(x, *c, None, G, N, plan=plan); t1 = time.perf_counter(); pywork(); t2 = time.perf_counter()
+            tg += t1 - t0; tp += t2 - t1
+        res[n]["gemv"].append(nb * len(copies) / tg / 1e9); res[n]["py"].append(tp / len(copies) * 1e6)
+    print(f"round {r}: " + " | ".join(f"{n} gemv {res[n]['gemv'][-1]:.1f} GB/s, py after {res[n]['py'][-1]:.0f} us" for n in kerns), flush=True)
+for n in kerns: print(n, "median gemv GB/s", round(statistics.median(res[n]["gemv"]), 1), "py us", round(statistics.median(res[n]["py"]), 1))

@@ -1,0 +1,39 @@
+"""The compiled 4-layer Llama-7B-shaped decode step split by perf_counter wrappers on the outer pieces (each
+decoder layer call, the head, the final norm, the rotary embedding, the decoder model): ms per call, and the
+step's time outside the decoder model and head. python benchmarks/results/decode_step_split.py --head bf16|int4
+(decode_step_budget_amx_1207.md)."""
+import sys, os, time, tempfile, argparse, collections, torch, transformers
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from awq_inductor import compile_for_generate, convert, patch_transformers
+from awq_inductor.testing import build_float_model, save_quantized
+from llama_shape import add_shape_args, llama_config
+p = argparse.ArgumentParser(); add_shape_args(p, layers=4); p.add_argument("--head", default="int4"); p.add_argument("--whole", action="store_true")
+a = p.parse_args(); torch.set_num_threads(2)
+cfg = llama_config(a)
+with tempfile.TemporaryDirectory() as d:
+    ref = save_quantized(build_float_model(cfg), d, format="gemm", group_size=128)
+    patch_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+del ref
+if a.head != "bf16": model = convert(model, lm_head=a.head)
+compile_for_generate(model, regional=not a.whole)
+acc = collections.defaultdict(float); cnt = collections.Counter()
+def wrap(name, mod):
+    f = mod.forward
+    def g(*args, **kw):
+        t0 = time.perf_counter(); r = f(*args, **kw); acc[name] += time.perf_counter() - t0; cnt[name] += 1; return r
+    mod.forward = g
+if not a.whole:
+    for i, l in enumerate(model.model.layers): wrap("layers", l)
+    wrap("head", model.lm_head); wrap("norm", model.model.norm); wrap("rotary", model.model.rotary_emb)
+    wrap("model.model", model.model)
+ids = torch.randint(0, 32000, (1, 32))
+n = 64
+with torch.no_grad():
+    for rep in range(4):
+        acc.clear(); cnt.clear()
+        model.generate(ids, max_new_tokens=1, do_sample=False, eos_token_id=None)
+        pre = dict(acc); acc.clear(); cnt.clear()
+        t0 = time.perf_counter(); model.generate(ids, max_new_tokens=n, do_sample=False, eos_token_id=None); t = time.perf_counter() - t0
+        tot1 = t
+        print(f"generate {n}: {t*1e3:.1f} ms; per step {(t)/(n)*1e3:.2f} ms;", {k: f"{v/cnt[k]*1e3:.3f}ms x{cnt[k]/n:.0f}" for k, v in acc.items()}, f"outside model.model+head per step {(t - acc['model.model'] - acc['head'])/n*1e3:.2f} ms", flush=True)
