@@ -667,6 +667,33 @@ def test_calls_of_many_rows_keep_their_prefetch_unless_off_is_clearly_faster():
     assert best.rows_prefetch == 1 and times["rows8"] == 2.0 and times["rows8+prefetch"] == 3.0
 
 
+def test_int16_x_is_taken_for_the_rows_where_one_row_ties():
+    """Where int16 x ties bf16 x at M = 1 (within MIN_GAIN) the rows decide: int16 x when ROWS_TIMED rows
+    run ROWS_INT16_GAIN faster with it (the AMX Xeon: 0.37 against 0.82 ms); bf16 x when they tie, or
+    when int16 x loses at M = 1 (the rows are then not timed for it); never for a scheme without int16 x."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    isa = isa_mod.select()
+    # 2048 B prefetch best on bf16 x; its int16 x variant 2 % faster (a tie), every other setting slower
+    one_row = lambda pf, t: {(2048, 0, 0): 1.0, (2048, 0, 1): 0.98}.get(tuple(pf[:3]), 2.0) * 1e-3  # noqa: E731
+    asked = []
+
+    def rows(bf16_ms, int16_ms):
+        def timer(pf, threads):
+            asked.append(pf.int16_x)
+            return (int16_ms if pf.int16_x else bf16_ms) * 1e-3
+        return timer
+
+    best, times = tuner.tune_decode_setting(isa, W4A16.scheme, one_row, rows(0.82, 0.37))
+    assert best[:4] == (2048, 0, 1, 0) and times["rows8/bf16_x"] == 0.82 and times["rows8/int16_x"] == 0.37
+    assert tuner.tune_decode_setting(isa, W4A16.scheme, one_row, rows(0.82, 0.80))[0].int16_x == 0  # rows tie
+    slower = lambda pf, t: {(2048, 0, 0): 1.0, (2048, 0, 1): 1.05}.get(tuple(pf[:3]), 2.0) * 1e-3  # noqa: E731
+    asked.clear()
+    best, times = tuner.tune_decode_setting(isa, W4A16.scheme, slower, rows(0.82, 0.37))
+    assert best.int16_x == 0 and "rows8/int16_x" not in times and 1 not in asked
+    assert tuner.tune_decode_setting(isa, W4A8.scheme, one_row, rows(0.82, 0.37))[0].int16_x == 0
+
+
 def test_decode_setting_is_chosen_over_the_thread_regimes():
     """The decode setting is timed at the kernels' threads and at one (a core streaming alone, as on a
     machine whose memory outruns its cores): the choice has the least worst ratio to the fastest over

@@ -470,6 +470,9 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
                     rounds[-1][pf][g] = timer(pf, g)
         best, times = _one_row_choice(rounds, regimes)
         if rows_timer is not None:
+            if scheme.int16_x:
+                best, rows_times = _rows_int16(best, rounds, regimes, rows_timer)
+                times.update(rows_times)
             best, rows_times = _rows_prefetch(best, rows_timer)
             times.update(rows_times)
     return best, times
@@ -494,6 +497,33 @@ def _one_row_choice(rounds: List[Dict[DecodeSetting, Dict[int, float]]], regimes
 
 #: Rows the prefetch choice of multi-row calls is timed at: one full pass of the decode kernels.
 ROWS_TIMED = 8
+
+
+#: int16 x taken for the rows' sake (:func:`_rows_int16`) where the rows run this much faster with it.
+ROWS_INT16_GAIN = 1.25
+
+
+def _rows_int16(best: DecodeSetting, rounds: List[Dict[DecodeSetting, Dict[int, float]]], regimes: Tuple[int, ...],
+                timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
+    """``best`` (bf16 x at M = 1) with int16 x where the same prefetch on int16 x is no slower at M = 1
+    (within ``MIN_GAIN`` by median in every regime) and :data:`ROWS_TIMED` rows run
+    :data:`ROWS_INT16_GAIN` faster with it, by median and in most of :data:`DECODE_ROUNDS` interleaved
+    rounds at the kernels' threads; and the two rows timings (ms). Why: the M = 1 choice alone kept bf16 x
+    on the AMX Xeon (int16 x 3 % faster there, under MIN_GAIN), where vdpbf16ps issues at half the rate of
+    vpdpwssd and the 8-row pass took 0.82 ms against 0.37 (4096 x 2048): batched decode and the 2-8 row
+    buckets ran at half speed (benchmarks/results/rows_int16_choice_amx_1207.md)."""
+    alt = best._replace(int16_x=1)
+    if best.int16_x or alt not in rounds[0]:
+        return best, {}
+    med = {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in (best, alt)}
+    if any(med[alt][g] > med[best][g] * MIN_GAIN for g in regimes):
+        return best, {}
+    threads = config.threads()
+    rows = [{pf: timer(pf, threads) for pf in (best, alt)} for _ in range(DECODE_ROUNDS)]
+    rmed = {pf: statistics.median(r[pf] for r in rows) for pf in (best, alt)}
+    wins = sum(r[alt] * ROWS_INT16_GAIN < r[best] for r in rows)
+    chosen = alt if rmed[alt] * ROWS_INT16_GAIN < rmed[best] and 2 * wins > DECODE_ROUNDS else best
+    return chosen, {f"rows{ROWS_TIMED}/bf16_x": round(rmed[best] * 1e3, 4), f"rows{ROWS_TIMED}/int16_x": round(rmed[alt] * 1e3, 4)}
 
 
 def _rows_prefetch(best: DecodeSetting, timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
