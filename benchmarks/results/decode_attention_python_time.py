@@ -1,20 +1,12 @@
-"""Inside the compiled decode (4 Llama-7B-shaped layers, int4 head): the decode attention op's Python impl
+"""Inside the compiled decode (4 Llama-7B-shaped layers, --head int4 by default): the decode attention op's Python impl
 (_native_decode_attention) and its ctypes call into the kernel, timed per call by wrappers:
 python benchmarks/results/decode_attention_python_time.py (decode_step_budget_amx_1207.md)."""
 import sys, os, time, tempfile, argparse, collections, torch, transformers
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from awq_inductor import compile_for_generate, convert, patch_transformers
-from awq_inductor.testing import build_float_model, save_quantized
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_harness import compiled_model, model_args
 from awq_inductor.ops import attention as A
-from llama_shape import add_shape_args, llama_config
-p = argparse.ArgumentParser(); add_shape_args(p, layers=4); a = p.parse_args(); torch.set_num_threads(2)
-with tempfile.TemporaryDirectory() as d:
-    ref = save_quantized(build_float_model(llama_config(a)), d, format="gemm", group_size=128)
-    patch_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
-del ref
-model = convert(model, lm_head="int4")
-compile_for_generate(model)
+a = model_args(argparse.ArgumentParser()).parse_args(); torch.set_num_threads(2)
+model = compiled_model(a)
 acc = collections.defaultdict(float); cnt = collections.Counter()
 orig_native, orig_kernel = A._native_decode_attention, A._kernel()
 def timed_fn(*args):

@@ -10,8 +10,8 @@ import dataclasses, os, sys, statistics, time, torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE); sys.path.insert(0, os.path.join(HERE, ".."))
 import template_ab
-from awq_inductor import AWQLinear
-from awq_inductor.kernels import hugepages, tuning_cache, codegen
+from decode_harness import cold_copies, random_layer
+from awq_inductor.kernels import tuning_cache, codegen
 def kernel_with(subs):
     render = codegen.render_eager
     def patched(*a, **k):
@@ -23,12 +23,7 @@ def kernel_with(subs):
     finally: codegen.render_eager = render
 K, N, G = 4096, 11008, 128
 torch.set_num_threads(2)
-g = torch.Generator().manual_seed(0)
-q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-s = (torch.randn(N, K // G, generator=g) * 0.01).to(torch.float16)
-layer = AWQLinear.from_canonical(q, z, s, group_size=G)
-W = [getattr(layer, w.name) for w in layer.op.scheme.weights]
+layer, W, nb = random_layer(K, N, G)
 FLUSH = ('if (pf > 0 && (kp & 1) == 0) _mm_prefetch((const char*)(src + pf), _MM_HINT_T0);',
          'if ((kp & 1) == 1 && kp >= 3) __asm__ volatile("clflushopt %0" :: "m"(*(const char*)(src - 64))); '
          'if (pf > 0 && (kp & 1) == 0) _mm_prefetch((const char*)(src + pf), _MM_HINT_T0);')
@@ -36,8 +31,7 @@ VARIANTS = {"nta": [("_MM_HINT_T0", "_MM_HINT_NTA"), ("_MM_HINT_T1", "_MM_HINT_N
 kerns = {"t0": kernel_with([]), sys.argv[1]: kernel_with(VARIANTS[sys.argv[1]])}
 plan = tuning_cache.plan_for(layer.op, kerns["t0"].isa, torch.bfloat16, K, N, G)
 print(plan)
-nb = sum(w.numel() * w.element_size() for w in W)
-copies = [(hugepages.copy_on_huge_pages(W[0]), *W[1:]) for _ in range(max(2, (1 << 30) // nb))]
+copies = cold_copies(W)
 x = torch.randn(1, K).to(torch.bfloat16)
 a = torch.randn(1, 4096).bfloat16(); wln = torch.randn(4096).bfloat16()
 def pywork():

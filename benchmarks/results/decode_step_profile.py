@@ -8,19 +8,11 @@ tokens after a 32-token prompt in a loop for --secs seconds, for a sampling prof
 (``py-spy record --native -r 200 -d 15 -p <pid> -f raw`` for the Python side). decode_step_budget_amx_1207.md."""
 import sys, os, time, tempfile, argparse, torch, transformers
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from awq_inductor import compile_for_generate, convert, patch_transformers
-from awq_inductor.testing import build_float_model, save_quantized
-from llama_shape import add_shape_args, llama_config
-p = argparse.ArgumentParser(); add_shape_args(p, layers=4); p.add_argument("--head", default="int4"); p.add_argument("--secs", type=float, default=20)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_harness import compiled_model, model_args
+p = model_args(argparse.ArgumentParser()); p.add_argument("--secs", type=float, default=20)
 a = p.parse_args(); torch.set_num_threads(2)
-cfg = llama_config(a)
-with tempfile.TemporaryDirectory() as d:
-    ref = save_quantized(build_float_model(cfg), d, format="gemm", group_size=128)
-    patch_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
-del ref
-if a.head != "bf16": model = convert(model, lm_head=a.head)
-compile_for_generate(model)
+model = compiled_model(a)
 ids = torch.randint(0, 32000, (1, 32))
 with torch.no_grad():
     model.generate(ids, max_new_tokens=64, do_sample=False, eos_token_id=None)

@@ -3,23 +3,17 @@ back, alternating, with the read probe per round: python benchmarks/results/head
 (decode_step_budget_amx_1207.md)."""
 import os, sys, time, statistics, torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from awq_inductor import AWQLinear
-from awq_inductor.kernels import hugepages, tuning_cache, native
+from decode_harness import cold_copies, random_layer
+from awq_inductor.kernels import tuning_cache, native
 import bw_probe
 torch.set_num_threads(2)
 K, N = 4096, 32000
 res = {}; setups = {}
 for G in (32, 128):
-    g = torch.Generator().manual_seed(0)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = (torch.randn(N, K // G, generator=g) * 0.01).to(torch.float16)
-    layer = AWQLinear.from_canonical(q, z, s, group_size=G)
-    W = [getattr(layer, w.name) for w in layer.op.scheme.weights]
+    layer, W, nb = random_layer(K, N, G)
     kern = native.get_kernel(layer.op.name, torch.bfloat16)
     plan = tuning_cache.plan_for(layer.op, kern.isa, torch.bfloat16, K, N, G)
-    nb = sum(w.numel() * w.element_size() for w in W)
-    copies = [tuple(hugepages.copy_on_huge_pages(w) for w in W) for _ in range(max(2, (1 << 30) // nb))]
+    copies = cold_copies(W)
     setups[G] = (kern, plan, copies, nb); res[G] = []
     print(G, plan, nb / 1e6, "MB", len(copies), "copies", flush=True)
 x = torch.randn(1, K).bfloat16()

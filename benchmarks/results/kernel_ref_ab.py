@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import template_ab  # noqa: E402
-from awq_inductor import AWQLinear  # noqa: E402
-from awq_inductor.kernels import codegen, hugepages, tuning_cache  # noqa: E402
+from decode_harness import cold_copies, random_layer  # noqa: E402
+from awq_inductor.kernels import codegen, tuning_cache  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -47,19 +47,13 @@ def main(argv):
     rounds = int(argv[5]) if len(argv) > 5 else 8
     fields = dict(kv.split("=") for kv in argv[6].split(",")) if len(argv) > 6 else {}
     torch.set_num_threads(2)
-    g = torch.Generator().manual_seed(0)
-    q = torch.randint(0, 16, (N, K), dtype=torch.uint8, generator=g)
-    z = torch.randint(0, 16, (N, K // G), dtype=torch.uint8, generator=g)
-    s = (torch.randn(N, K // G, generator=g) * 0.01).to(torch.float16)
-    layer = AWQLinear.from_canonical(q, z, s, group_size=G)
-    W = [getattr(layer, w.name) for w in layer.op.scheme.weights]
+    layer, W, nb = random_layer(K, N, G)
     with tempfile.TemporaryDirectory() as tmp:
         kerns = {ref: kernel_from(ref, layer.op.name, tmp), "checkout": template_ab._kernel(layer.op.name, [])}
     plan = tuning_cache.plan_for(layer.op, kerns["checkout"].isa, torch.bfloat16, K, N, G)
     plan = dataclasses.replace(plan, **{k: int(v) for k, v in fields.items()})
     print(f"{K}x{N} G{G} M={M}, 2 threads, plan {plan}", flush=True)
-    nb = sum(w.numel() * w.element_size() for w in W)
-    copies = [tuple(hugepages.copy_on_huge_pages(w) for w in W) for _ in range(max(2, (1 << 30) // nb))]
+    copies = cold_copies(W)
     x = torch.randn(M, K).to(torch.bfloat16)
     outs = [k(x, *W, None, G, N, plan=plan) for k in kerns.values()]
     assert torch.equal(*outs), f"outputs differ by {(outs[0] - outs[1]).abs().max()}"
