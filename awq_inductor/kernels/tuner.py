@@ -518,12 +518,20 @@ def _rows_int16(best: DecodeSetting, rounds: List[Dict[DecodeSetting, Dict[int, 
     med = {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in (best, alt)}
     if any(med[alt][g] > med[best][g] * MIN_GAIN for g in regimes):
         return best, {}
+    faster, rmed = _rows_race(timer, best, alt, ROWS_INT16_GAIN)
+    return (alt if faster else best), {f"rows{ROWS_TIMED}/bf16_x": round(rmed[best] * 1e3, 4),
+                                       f"rows{ROWS_TIMED}/int16_x": round(rmed[alt] * 1e3, 4)}
+
+
+def _rows_race(timer: Callable[[DecodeSetting, int], float], a: DecodeSetting, b: DecodeSetting,
+               gain: float) -> Tuple[bool, Dict[DecodeSetting, float]]:
+    """(whether ``b`` runs ``gain`` times faster than ``a`` at :data:`ROWS_TIMED` rows, by median and in
+    most of :data:`DECODE_ROUNDS` interleaved rounds at the kernels' threads; the medians in seconds)."""
     threads = config.threads()
-    rows = [{pf: timer(pf, threads) for pf in (best, alt)} for _ in range(DECODE_ROUNDS)]
-    rmed = {pf: statistics.median(r[pf] for r in rows) for pf in (best, alt)}
-    wins = sum(r[alt] * ROWS_INT16_GAIN < r[best] for r in rows)
-    chosen = alt if rmed[alt] * ROWS_INT16_GAIN < rmed[best] and 2 * wins > DECODE_ROUNDS else best
-    return chosen, {f"rows{ROWS_TIMED}/bf16_x": round(rmed[best] * 1e3, 4), f"rows{ROWS_TIMED}/int16_x": round(rmed[alt] * 1e3, 4)}
+    rounds = [{pf: timer(pf, threads) for pf in (a, b)} for _ in range(DECODE_ROUNDS)]
+    med = {pf: statistics.median(r[pf] for r in rounds) for pf in (a, b)}
+    wins = sum(r[b] * gain < r[a] for r in rounds)
+    return med[b] * gain < med[a] and 2 * wins > DECODE_ROUNDS, med
 
 
 def _rows_prefetch(best: DecodeSetting, timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
@@ -533,13 +541,10 @@ def _rows_prefetch(best: DecodeSetting, timer: Callable[[DecodeSetting, int], fl
     unless off is ``MIN_GAIN`` faster by median and in most of :data:`DECODE_ROUNDS` interleaved
     rounds, at the kernels' threads (these passes are bound by the dot products, not the stream: the
     one-thread regime says nothing of them)."""
-    on, off, threads = best._replace(rows_prefetch=1), best._replace(rows_prefetch=0), config.threads()
-    rounds = [{pf: timer(pf, threads) for pf in (on, off)} for _ in range(DECODE_ROUNDS)]
-    med = {pf: statistics.median(r[pf] for r in rounds) for pf in (on, off)}
-    wins = sum(r[off] * MIN_GAIN < r[on] for r in rounds)
-    value = 0 if med[off] * MIN_GAIN < med[on] and 2 * wins > DECODE_ROUNDS else 1
-    return best._replace(rows_prefetch=value), {f"rows{ROWS_TIMED}": round(med[off] * 1e3, 4),
-                                                 f"rows{ROWS_TIMED}+prefetch": round(med[on] * 1e3, 4)}
+    on, off = best._replace(rows_prefetch=1), best._replace(rows_prefetch=0)
+    off_faster, med = _rows_race(timer, on, off, MIN_GAIN)
+    times = {f"rows{ROWS_TIMED}": round(med[off] * 1e3, 4), f"rows{ROWS_TIMED}+prefetch": round(med[on] * 1e3, 4)}
+    return best._replace(rows_prefetch=0 if off_faster else 1), times
 
 
 def _cold_decode_timer(isa: str, scheme: Scheme, rows: int = 1) -> Callable[[DecodeSetting, int], float]:

@@ -11,16 +11,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE); sys.path.insert(0, os.path.join(HERE, ".."))
 import template_ab
 from decode_harness import cold_copies, random_layer
-from awq_inductor.kernels import tuning_cache, codegen
+from awq_inductor.kernels import tuning_cache
 def kernel_with(subs):
-    render = codegen.render_eager
-    def patched(*a, **k):
-        src = render(*a, **k)
-        for old, new in subs: src = src.replace(old, new)
-        return src
-    codegen.render_eager = patched
-    try: return template_ab._kernel("int4_mm", [])
-    finally: codegen.render_eager = render
+    return template_ab._kernel("int4_mm", subs, every=True)
 K, N, G = 4096, 11008, 128
 torch.set_num_threads(2)
 layer, W, nb = random_layer(K, N, G)
