@@ -2,6 +2,7 @@
 with the read probe beside each; run in alternating processes:
 
     FORCE=0,0,1,0 python benchmarks/results/decode_setting_forced_step.py --head bf16   # pf,next_tile,int16_x,l2
+    WHOLE=1 python benchmarks/results/decode_setting_forced_step.py --head bf16         # whole-model compile
 
 (decode_layer_overhead_amx_1207.md)."""
 import sys, os, time, argparse, statistics, torch
@@ -15,7 +16,7 @@ if f:
     pf, nt, i16, l2 = map(int, f.split(","))
     config.kernel_plan = dict(decode_prefetch=pf, prefetch_next_tile=nt, decode_int16=i16, decode_prefetch_l2=l2, rows_prefetch=0)
 p = model_args(argparse.ArgumentParser()); a = p.parse_args(); torch.set_num_threads(2)
-model = compiled_model(a)
+model = compiled_model(a, regional=not os.environ.get("WHOLE"))
 probe = bw_probe.stream_calls(2, 256 << 20, 1)[0][0]
 ids = torch.randint(0, 32000, (1, 32)); n = 64
 def run():
@@ -31,4 +32,4 @@ out = []
 for r in range(5):
     t0 = time.perf_counter(); probe(); pr = (256 << 20) / (time.perf_counter() - t0) / 1e9
     out.append((run(), pr))
-print(f, "step ms", [f"{s:.2f}" for s, _ in out], "probe", [f"{p:.1f}" for _, p in out], "median", round(statistics.median(s for s, _ in out), 2), flush=True)
+print(f, "whole" if os.environ.get("WHOLE") else "regional", "step ms", [f"{s:.2f}" for s, _ in out], "probe", [f"{p:.1f}" for _, p in out], "median", round(statistics.median(s for s, _ in out), 2), flush=True)
