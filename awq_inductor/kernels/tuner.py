@@ -478,10 +478,16 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
     return best, times
 
 
+def _medians(rounds: List[Dict[DecodeSetting, Dict[int, float]]], settings,
+             regimes: Tuple[int, ...]) -> Dict[DecodeSetting, Dict[int, float]]:
+    """Per setting of ``settings`` and regime, its median time over the M = 1 ``rounds``."""
+    return {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in settings}
+
+
 def _one_row_choice(rounds: List[Dict[DecodeSetting, Dict[int, float]]], regimes: Tuple[int, ...]) -> Tuple[DecodeSetting, dict]:
     """:func:`tune_decode_setting`'s choice from its M = 1 rounds, and the medians by setting name."""
     settings = tuple(rounds[0])
-    med = {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in settings}
+    med = _medians(rounds, settings, regimes)
     cost = _regime_cost(med)
     best = min(cost, key=cost.get)
     plain = best._replace(int16_x=0)  # int16 x only for a clear gain in every regime: bf16 x keeps exact products
@@ -515,7 +521,7 @@ def _rows_int16(best: DecodeSetting, rounds: List[Dict[DecodeSetting, Dict[int, 
     alt = best._replace(int16_x=1)
     if best.int16_x or alt not in rounds[0]:
         return best, {}
-    med = {pf: {g: statistics.median(r[pf][g] for r in rounds) for g in regimes} for pf in (best, alt)}
+    med = _medians(rounds, (best, alt), regimes)
     if any(med[alt][g] > med[best][g] * MIN_GAIN for g in regimes):
         return best, {}
     faster, rmed = _rows_race(timer, best, alt, ROWS_INT16_GAIN)
