@@ -34,7 +34,7 @@ tune: str = os.environ.get("AWQ_INDUCTOR_TUNE") or "auto"
 #: Force the kernel plan of every shape (tests, experiments): a dict of some of ``amx_min_m``,
 #: ``panel_min_m``, ``bf16_f32_min_m``, ``dense_min_m`` (rows from which each path is taken, see
 #: ``kernels.plan.Plan``) and the decode setting's ``decode_prefetch``, ``prefetch_next_tile``,
-#: ``decode_int16``, ``decode_prefetch_l2``, ``rows_prefetch``, the rest from the constants; e.g. ``{"dense_min_m": 0}`` runs every call as
+#: ``decode_int16``, ``decode_prefetch_l2``, ``rows_prefetch``, ``decode_k_streams``, the rest from the constants; e.g. ``{"dense_min_m": 0}`` runs every call as
 #: dequantize + dense GEMM. ``None``: the tuned plan (``tune``).
 kernel_plan: Optional[dict] = None
 

@@ -57,14 +57,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -82,14 +82,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -107,14 +107,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -132,14 +132,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -157,14 +157,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -182,14 +182,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -222,7 +222,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         // tiles are 64 wide and 64-aligned (I % 32 == 0): columns [n_start, n_start + 32) are gate,
@@ -234,7 +234,7 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, nullptr, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -301,12 +301,12 @@ void kernel(const at::BFloat16* X, const int64_t* IDS, const float* TW, const ui
     if (T <= 0) return;
     using awq_moe_t = void (*)(const void*, int64_t, const int64_t*, const float*, int64_t,
         const uint8_t*, const float*, const uint8_t*, const uint8_t*, const float*, const uint8_t*, void*, int64_t, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t);
     static const auto awq_moe = reinterpret_cast<awq_moe_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_moe_bfloat16"));
     awq_moe(X, T, IDS, TW, topk, W13_QW, W13_S, W13_Z,
         W2_QW, W2_S, W2_Z, Y, E, H, I, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // gate|up plan: default
-        5, 8, 9, 0, 0, 0, 0, 1);  // down plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // gate|up plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1);  // down plan: default
 }
 // END awq""")
 

@@ -60,14 +60,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -85,14 +85,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     const int64_t M = static_cast<int64_t>(s0);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -110,14 +110,14 @@ void kernel(const at::BFloat16* X, const uint8_t* QW, const float* S, const uint
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_bfloat16"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")
@@ -135,14 +135,14 @@ void kernel(const float* X, const uint8_t* QW, const float* S, const uint8_t* Z,
     constexpr int64_t M = static_cast<int64_t>(8L);
     if (M <= 0) return;
     using awq_driver_t = void (*)(const void*, int64_t, const uint8_t*, const float*, const uint8_t*, const int32_t*, const float*, int64_t, int64_t, int64_t, int,
-        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
+        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, void (*)(void*, const float*, int64_t, int64_t, int64_t, int64_t), void*);
     static const auto awq_driver = reinterpret_cast<awq_driver_t>(awq::driver_entry(AWQ_DRIVER_LIBRARY, "awq_int4_mm_a8_driver_float32"));
     auto awq_store = [&](const float* awq_acc, int64_t m_start, int64_t m_end, int64_t n_start, int64_t n_end) {
         float* awq_acc_buf = const_cast<float*>(awq_acc);
         <inductor store_output>
     };
     awq_driver(X, M, QW, S, Z, C, B, N, K, G, 4,
-        5, 8, 9, 0, 0, 0, 0, 1,  // plan: default
+        5, 8, 9, 0, 0, 0, 0, 1, 1,  // plan: default
         awq::store_tile<decltype(awq_store)>, &awq_store);
 }
 // END awq""")

@@ -294,8 +294,8 @@ def test_template_renders_the_tuned_plans(inductor_clean):
         y, codes = run_and_get_code(torch.compile(m, fullgraph=True), x, ids, tw)
         torch.testing.assert_close(y, m(x, ids, tw), rtol=0, atol=0)
     code = _compiled_code(codes)
-    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096, 0,  // gate|up plan: forced") == 1
-    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096, 0);  // down plan: forced") == 1
+    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096, 0, 1,  // gate|up plan: forced") == 1
+    assert code.count("5, 3, 1099511627776, 512, 1, 1, 4096, 0, 1);  // down plan: forced") == 1
 
 
 def test_template_never_fuses_an_epilogue(inductor_clean):

@@ -246,7 +246,7 @@ def test_shapes_are_timed_and_cached_under_the_machines_decode_setting(tune_dir)
     key = tuning_cache.shape_key(W4A16, "avx512", torch.bfloat16, 256, 128, 64)
     tuning_cache.store(key, plan, times, decode=dec)
     path = tuning_cache.cache_path()
-    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1, 4096, 1]
+    assert json.load(open(path))["plans"][key]["decode"] == [1024, 0, 1, 4096, 1, 1]
     assert tuning_cache._cached(path, key, dec) is not None
     assert tuning_cache._cached(path, key, kplan.DEFAULT_DECODE) is None  # measured under another setting
 
@@ -406,8 +406,8 @@ def _compiled_code(lin, x):
 
 
 @pytest.mark.parametrize("winner,literal", [
-    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1, 4096, 1,  // plan: tuned"),
-    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1, 4096, 1,  // plan: tuned"),
+    ("decode_bf16", f"        {config.amx_min_m}, {NEVER}, {NEVER}, 512, 1, 1, 4096, 1, 1,  // plan: tuned"),
+    ("panel", f"        {config.amx_min_m}, 1, 1, 512, 1, 1, 4096, 1, 1,  // plan: tuned"),
 ])
 def test_generated_code_dispatches_to_the_faster_candidate(tune_dir, monkeypatch, inductor_clean, winner, literal):
     """Two candidate timings forced: the compiled kernel's thresholds select the faster one (and
@@ -556,6 +556,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
     isa = isa_mod.select()
     DP = kplan.DecodeSetting
     fast = {pf: 3.0 - 0.5 * (pf.distance == 1024) - 1.0 * pf.next_tile - 0.3 * pf.int16_x for pf in tuner.DECODE_CANDIDATES}
+    fast.update({pf._replace(k_streams=2): t for pf, t in list(fast.items())})  # the K streams race: no gain here
     calls = []
 
     def timer(pf, threads):
@@ -563,14 +564,15 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         return fast[pf] * 1e-3
 
     assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(1024, 1, 1)
-    assert len(calls) == len(tuner.DECODE_CANDIDATES) * tuner.DECODE_ROUNDS * len(tuner.decode_regimes())
+    # every candidate, then the K streams race of the chosen int16-x setting (two settings)
+    assert len(calls) == (len(tuner.DECODE_CANDIDATES) + 2) * tuner.DECODE_ROUNDS * len(tuner.decode_regimes())
     assert {t for _, t in calls} == set(tuner.decode_regimes())
     assert DP(0, 1) in tuner.DECODE_CANDIDATES and DP(2048, 0) in tuner.DECODE_CANDIDATES
     assert {pf._replace(int16_x=1) for pf in tuner.DECODE_CANDIDATES} <= set(tuner.DECODE_CANDIDATES)
     # the L2 distance: picked where it is clearly faster, carried through the plan into Thresholds
     l2 = tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf, t: (fast[pf] - 0.4 * bool(pf.l2_distance)) * 1e-3)[0]
     assert l2 == DP(1024, 1, 1, tuner.DECODE_L2_DISTANCE)
-    assert kplan.Plan(5, 8, 9).with_decode(l2).cxx_args()[-5:] == (1024, 1, 1, tuner.DECODE_L2_DISTANCE, 1)
+    assert kplan.Plan(5, 8, 9).with_decode(l2).cxx_args()[-6:-1] == (1024, 1, 1, tuner.DECODE_L2_DISTANCE, 1)
     # int16 x alone, without a prefetch: chosen where it is clearly faster
     assert tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf, t: (1.0 - 0.2 * pf.int16_x) * 1e-3)[0] == DP(0, 0, 1)
     # ... and not where it is a hair faster than the same prefetch on bf16 x (whose products are exact)
@@ -599,7 +601,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         plan = kplan.Plan(5, 8, 9, source="cached")
         tuned = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
         assert (tuned.decode_prefetch, tuned.prefetch_next_tile, tuned.decode_int16) == (512, 1, 1)
-        assert tuned.cxx_args()[-5:] == (512, 1, 1, 0, 1)
+        assert tuned.cxx_args()[-6:-1] == (512, 1, 1, 0, 1)
         fp32 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.float32)
         assert (fp32.decode_prefetch, fp32.prefetch_next_tile, fp32.decode_int16) == (0, 0, 0)
         # an entry written before the int16 x choice: measured again
@@ -638,6 +640,39 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         monkey.undo()
 
 
+def test_two_k_streams_are_taken_only_where_one_row_calls_run_faster_in_every_regime():
+    """The K streams race (tuner._k_streams) runs after the rest of the setting, only for an int16-x
+    choice: 2 streams where they are K_STREAMS_GAIN faster by median in every regime and in most rounds;
+    not where one regime is slower, nor for bf16 x (the split loop is int16 x's)."""
+    from awq_inductor.kernels import isa as isa_mod
+
+    isa = isa_mod.select()
+    DP = kplan.DecodeSetting
+    base = {pf: 3.0 - 1.0 * (pf.distance == 2048) - 0.3 * pf.int16_x for pf in tuner.DECODE_CANDIDATES}
+
+    def timer_with(k2_factor):  # k2_factor(threads): k_streams=2's time over k_streams=1's
+        calls = []
+
+        def timer(pf, threads):
+            calls.append(pf)
+            return base[pf._replace(k_streams=1)] * (k2_factor(threads) if pf.k_streams == 2 else 1.0) * 1e-3
+        return timer, calls
+
+    timer, calls = timer_with(lambda t: 0.9)
+    best, times = tuner.tune_decode_setting(isa, W4A16.scheme, timer)
+    assert best == DP(2048, 0, 1, k_streams=2) and times["2048+int16+k2"] == pytest.approx(1.53)
+    assert sum(pf.k_streams == 2 for pf in calls) == tuner.DECODE_ROUNDS * len(tuner.decode_regimes())
+    regimes = tuner.decode_regimes()
+    if len(regimes) > 1:  # slower at one thread: kept at one stream
+        timer, _ = timer_with(lambda t: 0.9 if t == regimes[0] else 1.05)
+        assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 1)
+    timer, _ = timer_with(lambda t: 0.995)  # within K_STREAMS_GAIN
+    assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 1)
+    timer, calls = timer_with(lambda t: 0.5)  # bf16 x (W4A8 has no int16 x): never raced
+    assert tuner.tune_decode_setting(isa, W4A8.scheme, timer)[0].k_streams == 1
+    assert not any(pf.k_streams == 2 for pf in calls)
+
+
 def test_calls_of_many_rows_keep_their_prefetch_unless_off_is_clearly_faster():
     """Calls of 5 rows or more prefetch with the rows' setting (rows_prefetch) unless, timed at ROWS_TIMED
     rows and the kernels' threads, without it is MIN_GAIN faster by median and in most rounds; the
@@ -658,7 +693,7 @@ def test_calls_of_many_rows_keep_their_prefetch_unless_off_is_clearly_faster():
     assert best == DP(1024, 1, 0, 0, 1) and times["rows8"] == 2.0 and times["rows8+prefetch"] == 1.5
     assert len(rows_calls) == 2 * tuner.DECODE_ROUNDS and set(rows_calls) == {config.threads()}
     best = tuner.tune_decode_setting(isa, W4A8.scheme, one_row, rows(1.5, 2.0))[0]
-    assert best == DP(1024, 1, 0, 0, 0) and kplan.Plan(5, 8, 9).with_decode(best).cxx_args()[-1] == 0
+    assert best == DP(1024, 1, 0, 0, 0) and kplan.Plan(5, 8, 9).with_decode(best).cxx_args()[-2] == 0
     assert tuner.setting_name(best) == "1024+next_tile+no_rows_prefetch"
     assert tuner.tune_decode_setting(isa, W4A8.scheme, one_row, rows(1.0, 1.02))[0].rows_prefetch == 1  # within noise
     # off faster by median (2 against 3 ms) but in 2 rounds of 5 only: kept on (on, off timed in turn)
@@ -751,7 +786,7 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
     plan = kplan.Plan(5, 8, 9, source="cached")
     a8 = tuning_cache._with_machine_params(plan, W4A8.scheme, isa, torch.bfloat16)
     a16 = tuning_cache._with_machine_params(plan, W4A16.scheme, isa, torch.bfloat16)
-    assert a8.cxx_args()[-5:] == (1024, 1, 0, 0, 1) and a16.cxx_args()[-5:] == (2048, 0, 1, 0, 1)
+    assert a8.cxx_args()[-6:-1] == (1024, 1, 0, 0, 1) and a16.cxx_args()[-6:-1] == (2048, 0, 1, 0, 1)
 
 
 @pytest.mark.parametrize("l3,want", [(32 << 20, 96 << 20), (8 << 20, 64 << 20), (480 << 20, 256 << 20),
@@ -822,19 +857,19 @@ def test_the_decode_setting_is_measured_only_for_streamed_weights(tune_dir, monk
     assert tuner.streams_weights(tuner.RESIDENT_MAX_BYTES + 1)
     assert tuning_cache.tune_missing([small], torch.bfloat16, show=False) == 1 and measured == []
     plan = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
-    assert plan.cxx_args()[-5:] == tuple(kplan.DEFAULT_DECODE) and measured == []
+    assert plan.cxx_args()[-6:] == tuple(kplan.DEFAULT_DECODE) and measured == []
     entry = json.load(open(tuning_cache.cache_path()))["plans"][small.key(isa, torch.bfloat16)]
     assert entry["decode"] == list(kplan.DEFAULT_DECODE)
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-5:] == tuple(kplan.DEFAULT_DECODE)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-6:] == tuple(kplan.DEFAULT_DECODE)
     assert measured == []  # code generation for another small shape did not measure it either
 
     tuning_cache.forget()  # a later process loads a model of 64 MiB of int4 weights with the same shape
     assert tuning_cache.tune_missing([small], torch.bfloat16, show=False, weight_bytes=64 << 20) == 1
     assert measured == ["w4a16"]  # measured once, and the shape measured again under it
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-5:] == (1024, 0, 1, 0, 1)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-6:-1] == (1024, 0, 1, 0, 1)
     tuning_cache.forget()  # from now on every plan carries the cached setting, small or not, never measured again
     assert tuning_cache.tune_missing([small], torch.bfloat16, show=False) == 0
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-5:] == (1024, 0, 1, 0, 1)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 64, 64).cxx_args()[-6:-1] == (1024, 0, 1, 0, 1)
     assert measured == ["w4a16"]
 
 
@@ -843,7 +878,7 @@ def test_a_large_shape_measures_the_decode_setting_where_it_is_generated(tune_di
     built by hand) measures the machine's decode setting when its plan is first asked for."""
     isa, measured = _measuring_setup(monkeypatch, kplan.DecodeSetting(512, 1, 0, 0))
     monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 128 // 2 - 1)
-    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-5:] == (512, 1, 0, 0, 1)
+    assert tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64).cxx_args()[-6:-1] == (512, 1, 0, 0, 1)
     assert measured == ["w4a16"]
 
 
@@ -865,15 +900,15 @@ def test_a_plan_timed_under_the_constants_setting_is_timed_again_once_the_machin
     monkeypatch.setattr(tuner, "RESIDENT_MAX_BYTES", 256 * 256 // 2 - 1)  # 256 x 128 resident, 256 x 256 streams
     first = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
     assert measured == [] and set(ran_with) == {tuple(kplan.DEFAULT_DECODE)}
-    assert first.cxx_args()[-5:] == tuple(kplan.DEFAULT_DECODE)
+    assert first.cxx_args()[-6:] == tuple(kplan.DEFAULT_DECODE)
     tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 256, 64)
     assert measured == ["w4a16"]
     ran_with.clear()
     again = tuning_cache.plan_for(W4A16, isa, torch.bfloat16, 256, 128, 64)
-    assert ran_with and set(ran_with) == {(2048, 0, 1, 0, 1)}  # timed again, under the measured setting
-    assert again.cxx_args()[-5:] == (2048, 0, 1, 0, 1)
+    assert ran_with and set(ran_with) == {(2048, 0, 1, 0, 1, 1)}  # timed again, under the measured setting
+    assert again.cxx_args()[-6:-1] == (2048, 0, 1, 0, 1)
     key = tuning_cache.shape_key(W4A16, isa, torch.bfloat16, 256, 128, 64)
-    assert json.load(open(tuning_cache.cache_path()))["plans"][key]["decode"] == [2048, 0, 1, 0, 1]
+    assert json.load(open(tuning_cache.cache_path()))["plans"][key]["decode"] == [2048, 0, 1, 0, 1, 1]
 
 
 def test_a_remembered_plan_is_returned_without_asking_the_caches_again(tune_dir, monkeypatch):

@@ -26,7 +26,8 @@ from .. import config
 from ..schemes import OP_SPECS, OPS, Scheme
 from . import isa as isa_mod
 from .plan import (AMX_GROUPS_MAX_M, BF16_F32_MIN_M, CXX_FIELDS, DEFAULT_DECODE_INT16, DEFAULT_DECODE_PREFETCH,
-                   DEFAULT_DECODE_PREFETCH_L2, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_ROWS_PREFETCH)
+                   DEFAULT_DECODE_PREFETCH_L2, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_ROWS_PREFETCH,
+                   DEFAULT_DECODE_K_STREAMS)
 
 #: Rows / columns of the fp32 accumulator tile handed to ``store`` (``AWQ_TILE_M`` / ``AWQ_TILE_N``).
 TILE_M = 32
@@ -126,6 +127,7 @@ def _header_kwargs(isa, x_dtype, amx_emulate: Optional[bool]) -> dict:
                 bf16_f32_min_m=BF16_F32_MIN_M, decode_prefetch=DEFAULT_DECODE_PREFETCH,
                 prefetch_next_tile=DEFAULT_NEXT_TILE_PREFETCH, decode_int16=DEFAULT_DECODE_INT16,
                 decode_prefetch_l2=DEFAULT_DECODE_PREFETCH_L2, rows_prefetch=DEFAULT_ROWS_PREFETCH,
+                decode_k_streams=DEFAULT_DECODE_K_STREAMS,
                 amx_groups_max_m=AMX_GROUPS_MAX_M, amx_emulate=emu,
                 gcc_target=isa_mod.gcc_target(isa, emu))
 

@@ -30,7 +30,8 @@ THRESHOLDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m", "dense_min_m")
 #: arguments and their ctypes signatures (entry/*.cpp.j2, kernels/native.py, ops/moe.py) and the
 #: Inductor template's initializer are all made from this list.
 #: The Plan fields of the decode setting, in DecodeSetting's order (Plan.with_decode pairs them up).
-DECODE_FIELDS = ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2", "rows_prefetch")
+DECODE_FIELDS = ("decode_prefetch", "prefetch_next_tile", "decode_int16", "decode_prefetch_l2", "rows_prefetch",
+                 "decode_k_streams")
 CXX_FIELDS = ("amx_min_m", "panel_min_m", "bf16_f32_min_m") + DECODE_FIELDS
 #: The bf16 decode kernel's software prefetch distance without a measurement (``config.tune`` off):
 #: none, as measured on Zen 4 (a 2 KB-ahead prefetch cost 6-9% there); tuned per machine otherwise.
@@ -67,6 +68,10 @@ DEFAULT_DECODE_PREFETCH_L2 = 0
 #: here already prefetches all three, within 1 % (benchmarks/results/rows_prefetch_zen4_1207.md). On
 #: unless the machine's measurement says otherwise (kernels/tuner.py tune_decode_setting).
 DEFAULT_ROWS_PREFETCH = 1
+#: How many K segments a one-row int16-x call reads side by side per tile (1 or 2; runtime/driver.h.j2
+#: Thresholds::decode_k_streams): 2 keeps four weight streams per core in flight instead of two. 1 without
+#: a measurement; raced per machine after the rest of the setting (kernels/tuner.py _k_streams).
+DEFAULT_DECODE_K_STREAMS = 1
 #: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
 #: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are
 #: multiples of 32); more rows dequantize with the scales once per M block (``amx``). 4096 x 11008,
@@ -80,18 +85,20 @@ class DecodeSetting(NamedTuple):
     stream, 0: none; whether the next N tile is prefetched into L2 too, 0 / 1), whether bf16 x
     runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`), the distance of the
     prefetch into L2 within each stream (bytes, 0: none, :data:`DEFAULT_DECODE_PREFETCH_L2`), and
-    whether calls of 5 rows or more prefetch with the rows' setting (0 / 1, :data:`DEFAULT_ROWS_PREFETCH`)."""
+    whether calls of 5 rows or more prefetch with the rows' setting (0 / 1, :data:`DEFAULT_ROWS_PREFETCH`), and
+    how many K segments a one-row int16-x call streams side by side (1 / 2, :data:`DEFAULT_DECODE_K_STREAMS`)."""
 
     distance: int
     next_tile: int
     int16_x: int = DEFAULT_DECODE_INT16
     l2_distance: int = DEFAULT_DECODE_PREFETCH_L2
     rows_prefetch: int = DEFAULT_ROWS_PREFETCH
+    k_streams: int = DEFAULT_DECODE_K_STREAMS
 
 
 #: The constants' choice (no prefetch at M = 1, bf16 x, the rows' prefetch from 5 rows).
 DEFAULT_DECODE = DecodeSetting(DEFAULT_DECODE_PREFETCH, DEFAULT_NEXT_TILE_PREFETCH, DEFAULT_DECODE_INT16,
-                               DEFAULT_DECODE_PREFETCH_L2, DEFAULT_ROWS_PREFETCH)
+                               DEFAULT_DECODE_PREFETCH_L2, DEFAULT_ROWS_PREFETCH, DEFAULT_DECODE_K_STREAMS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +118,7 @@ class Plan:
     decode_int16: int = DEFAULT_DECODE_INT16
     decode_prefetch_l2: int = DEFAULT_DECODE_PREFETCH_L2
     rows_prefetch: int = DEFAULT_ROWS_PREFETCH
+    decode_k_streams: int = DEFAULT_DECODE_K_STREAMS
     source: str = "default"
 
     def with_decode(self, setting: DecodeSetting) -> "Plan":

@@ -409,11 +409,12 @@ def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
 
 
 def setting_name(setting: DecodeSetting) -> str:
-    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``, ``"0+no_rows_prefetch"``: a setting's
+    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``, ``"0+no_rows_prefetch"``, ``"2048+int16+k2"``: a setting's
     key in the cached timings and its name in the log."""
     return (f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
             + (f"+l2_{setting.l2_distance}" if setting.l2_distance else "")
-            + ("" if setting.rows_prefetch else "+no_rows_prefetch"))
+            + ("" if setting.rows_prefetch else "+no_rows_prefetch")
+            + (f"+k{setting.k_streams}" if setting.k_streams != 1 else ""))
 
 
 def decode_regimes() -> Tuple[int, ...]:
@@ -455,7 +456,8 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
     streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
     4096, bench_prefetch.py: W4A16 best 2 KB + int16 x 81 / 79%, next tile 76-78%; W4A8 2 KB 90 /
     84%, 1 KB + next tile 98 / 90%). Then the prefetch choice of calls of 5 rows or more
-    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows). ``timer`` and ``rows_timer`` (tests):
+    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows), and with int16 x the K streams of one-row
+    calls (:func:`_k_streams`). ``timer`` and ``rows_timer`` (tests):
     (setting, threads) -> seconds per call at M = 1 and at ROWS_TIMED rows (without ``rows_timer``
     where ``timer`` is given: the constant's choice)."""
     if timer is None:
@@ -475,6 +477,8 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
                 times.update(rows_times)
             best, rows_times = _rows_prefetch(best, rows_timer)
             times.update(rows_times)
+        best, k_times = _k_streams(best, regimes, timer)
+        times.update(k_times)
     return best, times
 
 
@@ -538,6 +542,35 @@ def _rows_race(timer: Callable[[DecodeSetting, int], float], a: DecodeSetting, b
     med = {pf: statistics.median(r[pf] for r in rounds) for pf in (a, b)}
     wins = sum(r[b] * gain < r[a] for r in rounds)
     return med[b] * gain < med[a] and 2 * wins > DECODE_ROUNDS, med
+
+
+#: Two K streams per tile (:func:`_k_streams`) taken where one-row calls run this much faster with them.
+K_STREAMS_GAIN = 1.01
+
+
+def _k_streams(best: DecodeSetting, regimes: Tuple[int, ...],
+               timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
+    """``best`` with ``k_streams=2`` where, on int16 x, one-row calls run :data:`K_STREAMS_GAIN` faster
+    with it by median in every regime and in most of :data:`DECODE_ROUNDS` interleaved rounds, and the
+    medians by setting name (ms). Why a race of its own after the rest: it doubles the weight streams
+    a core keeps in flight whatever the prefetch, so it is timed with the chosen one (AMX Xeon, M = 1,
+    cold copies, 2 threads, per interleaved round: 1.02-1.14x at 4096 x 12288, 1.00-1.07x at 4096 x
+    4096, 1.03-1.12x at 4096 x 22016, 1.04-1.12x at 11008 x 4096 with 2048 + int16;
+    benchmarks/results/decode_k_streams_amx_1207.md)."""
+    if not best.int16_x:
+        return best, {}
+    alt = best._replace(k_streams=2)
+    rounds = []
+    for _ in range(DECODE_ROUNDS):
+        rounds.append({pf: {} for pf in (best, alt)})
+        for g in regimes:
+            for pf in (best, alt):
+                rounds[-1][pf][g] = timer(pf, g)
+    med = _medians(rounds, (best, alt), regimes)
+    wins = sum(all(r[alt][g] * K_STREAMS_GAIN < r[best][g] for g in regimes) for r in rounds)
+    faster = all(med[alt][g] * K_STREAMS_GAIN < med[best][g] for g in regimes) and 2 * wins > DECODE_ROUNDS
+    names = {(pf, g): setting_name(pf) + ("" if g == regimes[0] else f"@{g}t") for pf in (best, alt) for g in regimes}
+    return (alt if faster else best), {names[pf, g]: round(med[pf][g] * 1e3, 4) for pf in (best, alt) for g in regimes}
 
 
 def _rows_prefetch(best: DecodeSetting, timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:

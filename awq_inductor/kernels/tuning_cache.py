@@ -162,7 +162,7 @@ def _with_machine_params(plan: Plan, scheme: Scheme, isa: str, x_dtype: torch.dt
 def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, measure: bool = True) -> DecodeSetting:
     """The decode kernels' setting of ``scheme`` on this machine (prefetch, int16 x): the cached
     measurement (one per machine key, ISA and scheme), measured now where there is none (an entry
-    written before the int16 x, L2 distance or rows' prefetch choice existed, or timed without the
+    written before the int16 x, L2 distance, rows' prefetch or K streams choice existed, or timed without the
     one-thread regime of ``tuner.decode_regimes``, counts as none), ``measure`` and
     ``config.tune == "auto"`` (or ``remeasure``), else the constants' (not remembered: a later call
     may measure). ``measure`` is False for weights that stay in cache (``tuner.streams_weights``).
@@ -172,7 +172,7 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, me
         return _decode_memo[key]
     path, name = cache_path(), f"decode_setting/{isa}/{scheme.name}"
     entry = None if remeasure else _read(path).get("machine_params", {}).get(name)
-    if isinstance(entry, dict) and not {"next_tile", "int16_x", "l2_bytes", "regimes", "rows_prefetch"} <= set(entry):
+    if isinstance(entry, dict) and not {"next_tile", "int16_x", "l2_bytes", "regimes", "rows_prefetch", "k_streams"} <= set(entry):
         entry = None
     if entry is None and not remeasure and (config.tune != "auto" or not measure):
         return DEFAULT_DECODE
@@ -185,13 +185,14 @@ def decode_setting(isa: str, scheme: Scheme = W4A16, remeasure: bool = False, me
             data.setdefault("machine_params", {})[name] = {"bytes": value.distance, "next_tile": value.next_tile,
                                                            "int16_x": value.int16_x, "l2_bytes": value.l2_distance,
                                                            "rows_prefetch": value.rows_prefetch,
+                                                           "k_streams": value.k_streams,
                                                            "regimes": list(tuner.decode_regimes()), "times_ms": times}
             _write(path, data)
         log.info("awq_inductor: decode setting on this machine: %s (%s)", tuner.setting_name(value), times)
     else:
         try:
             value = DecodeSetting(int(entry["bytes"]), int(entry["next_tile"]), int(entry["int16_x"]),
-                                  int(entry["l2_bytes"]), int(entry["rows_prefetch"]))
+                                  int(entry["l2_bytes"]), int(entry["rows_prefetch"]), int(entry["k_streams"]))
         except (KeyError, TypeError, ValueError):
             log.warning("awq_inductor: ignoring the malformed %s entry in %s", name, path)
             return DEFAULT_DECODE
