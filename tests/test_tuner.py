@@ -641,9 +641,10 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
 
 
 def test_two_k_streams_are_taken_only_where_one_row_calls_run_faster_in_every_regime():
-    """The K streams race (tuner._k_streams) runs after the rest of the setting, only for an int16-x
-    choice: 2 streams where they are K_STREAMS_GAIN faster by median in every regime and in most rounds;
-    not where one regime is slower, nor for bf16 x (the split loop is int16 x's)."""
+    """The K streams race (tuner._k_streams) runs after the rest of the setting, only for a
+    choice whose one-row kernel splits (W4A16 with int16 x, W4A8): 2 streams where they are K_STREAMS_GAIN
+    faster by median in every regime and in most rounds; not where one regime is slower, nor for W4A16 on
+    bf16 x (its split loop is int16 x's)."""
     from awq_inductor.kernels import isa as isa_mod
 
     isa = isa_mod.select()
@@ -668,8 +669,11 @@ def test_two_k_streams_are_taken_only_where_one_row_calls_run_faster_in_every_re
         assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 1)
     timer, _ = timer_with(lambda t: 0.995)  # within K_STREAMS_GAIN
     assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 1)
-    timer, calls = timer_with(lambda t: 0.5)  # bf16 x (W4A8 has no int16 x): never raced
-    assert tuner.tune_decode_setting(isa, W4A8.scheme, timer)[0].k_streams == 1
+    timer, calls = timer_with(lambda t: 0.9)  # W4A8's kernel splits whatever x
+    assert tuner.tune_decode_setting(isa, W4A8.scheme, timer)[0] == DP(2048, 0, 0, k_streams=2)
+    base.update({pf: t + 1.0 * pf.int16_x for pf, t in base.items()})  # W4A16 on bf16 x: never raced
+    timer, calls = timer_with(lambda t: 0.5)
+    assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 0)
     assert not any(pf.k_streams == 2 for pf in calls)
 
 
@@ -778,7 +782,8 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
     monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: real(isa, scheme, timer_for(scheme)))
     assert tuning_cache.decode_setting(isa, W4A8.scheme) == DP(1024, 1, 0)
     assert tuning_cache.decode_setting(isa, W4A16.scheme) == DP(2048, 0, 1)
-    assert timed["w4a8"] == set(tuner.decode_candidates(W4A8.scheme))
+    # every candidate, then the K streams race of the choice (its k_streams=2 no faster here: kept at 1)
+    assert timed["w4a8"] == set(tuner.decode_candidates(W4A8.scheme)) | {DP(1024, 1, 0, k_streams=2)}
     params = json.loads(open(tuning_cache.cache_path()).read())["machine_params"]
     assert {f"decode_setting/{isa}/w4a16", f"decode_setting/{isa}/w4a8"} <= set(params)
     tuning_cache.forget()

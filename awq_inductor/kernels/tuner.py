@@ -456,8 +456,8 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
     streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
     4096, bench_prefetch.py: W4A16 best 2 KB + int16 x 81 / 79%, next tile 76-78%; W4A8 2 KB 90 /
     84%, 1 KB + next tile 98 / 90%). Then the prefetch choice of calls of 5 rows or more
-    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows), and with int16 x the K streams of one-row
-    calls (:func:`_k_streams`). ``timer`` and ``rows_timer`` (tests):
+    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows), and where the chosen one-row kernel has
+    the K split (``Scheme.splits_k``) its K streams (:func:`_k_streams`). ``timer`` and ``rows_timer`` (tests):
     (setting, threads) -> seconds per call at M = 1 and at ROWS_TIMED rows (without ``rows_timer``
     where ``timer`` is given: the constant's choice)."""
     if timer is None:
@@ -477,8 +477,9 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
                 times.update(rows_times)
             best, rows_times = _rows_prefetch(best, rows_timer)
             times.update(rows_times)
-        best, k_times = _k_streams(best, regimes, timer)
-        times.update(k_times)
+        if scheme.splits_k(best.int16_x):
+            best, k_times = _k_streams(best, regimes, timer)
+            times.update(k_times)
     return best, times
 
 
@@ -550,15 +551,13 @@ K_STREAMS_GAIN = 1.01
 
 def _k_streams(best: DecodeSetting, regimes: Tuple[int, ...],
                timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
-    """``best`` with ``k_streams=2`` where, on int16 x, one-row calls run :data:`K_STREAMS_GAIN` faster
+    """``best`` with ``k_streams=2`` where one-row calls run :data:`K_STREAMS_GAIN` faster
     with it by median in every regime and in most of :data:`DECODE_ROUNDS` interleaved rounds, and the
     medians by setting name (ms). Why a race of its own after the rest: it doubles the weight streams
     a core keeps in flight whatever the prefetch, so it is timed with the chosen one (AMX Xeon, M = 1,
     cold copies, 2 threads, per interleaved round: 1.02-1.14x at 4096 x 12288, 1.00-1.07x at 4096 x
     4096, 1.03-1.12x at 4096 x 22016, 1.04-1.12x at 11008 x 4096 with 2048 + int16;
     benchmarks/results/decode_k_streams_amx_1207.md)."""
-    if not best.int16_x:
-        return best, {}
     alt = best._replace(k_streams=2)
     rounds = []
     for _ in range(DECODE_ROUNDS):

@@ -1,10 +1,10 @@
 """Median decode step (ms, per-token stamps) of the compiled 4-layer model under a forced decode setting, 5 generates
 with the read probe beside each; run in alternating processes:
 
-    FORCE=0,0,1,0 python benchmarks/results/decode_setting_forced_step.py --head bf16   # pf,next_tile,int16_x,l2
+    FORCE=0,0,1,0 python benchmarks/results/decode_setting_forced_step.py --head bf16   # pf,next_tile,int16_x,l2[,k_streams]
     WHOLE=1 python benchmarks/results/decode_setting_forced_step.py --head bf16         # whole-model compile
 
-(decode_layer_overhead_amx_1207.md)."""
+(decode_layer_overhead_amx_1207.md, decode_k_streams_amx_1207.md)."""
 import sys, os, time, argparse, statistics, torch
 HERE = os.path.dirname(os.path.abspath(__file__)); sys.path.insert(0, HERE); sys.path.insert(0, os.path.dirname(HERE))
 from decode_harness import compiled_model, model_args
@@ -13,8 +13,9 @@ from transformers import StoppingCriteriaList
 import bw_probe
 f = os.environ.get("FORCE")
 if f:
-    pf, nt, i16, l2 = map(int, f.split(","))
-    config.kernel_plan = dict(decode_prefetch=pf, prefetch_next_tile=nt, decode_int16=i16, decode_prefetch_l2=l2, rows_prefetch=0)
+    pf, nt, i16, l2, *ks = map(int, f.split(","))
+    config.kernel_plan = dict(decode_prefetch=pf, prefetch_next_tile=nt, decode_int16=i16, decode_prefetch_l2=l2, rows_prefetch=0,
+                              decode_k_streams=ks[0] if ks else 1)
 p = model_args(argparse.ArgumentParser()); a = p.parse_args(); torch.set_num_threads(2)
 model = compiled_model(a, regional=not os.environ.get("WHOLE"))
 probe = bw_probe.stream_calls(2, 256 << 20, 1)[0][0]
