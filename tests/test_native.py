@@ -336,7 +336,8 @@ def test_decode_prefetch_settings_leave_outputs_bit_identical(isa, op_name):
     w = op_args(op_name, N, 256, 64, bias=False, seed=3)[:len(op.scheme.weights)]
     kern = native.get_kernel(op_name, torch.bfloat16, isa)
     base = kplan.forced_plan({"bf16_f32_min_m": 17, "panel_min_m": 1 << 40, "amx_min_m": 1 << 40})
-    cands = tuner.decode_candidates(op.scheme)
+    # (two K streams change the order of the groups' fp32 sum: test_two_k_streams_give_the_one_stream_result)
+    cands = tuple(pf for pf in tuner.decode_candidates(op.scheme) if pf.k_streams == 1)
     for M in (1, 3, 8, 16, 40):
         x = torch.randn(M, 256, generator=torch.Generator().manual_seed(M)).bfloat16()
         ref = {i: kern(x, *w, None, 64, N, plan=base.with_decode(kplan.DEFAULT_DECODE._replace(int16_x=i)))

@@ -556,7 +556,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
     isa = isa_mod.select()
     DP = kplan.DecodeSetting
     fast = {pf: 3.0 - 0.5 * (pf.distance == 1024) - 1.0 * pf.next_tile - 0.3 * pf.int16_x for pf in tuner.DECODE_CANDIDATES}
-    fast.update({pf._replace(k_streams=2): t for pf, t in list(fast.items())})  # the K streams race: no gain here
+    fast.update({pf._replace(k_streams=2): t for pf, t in list(fast.items())})  # two K streams: no gain here
     calls = []
 
     def timer(pf, threads):
@@ -564,8 +564,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         return fast[pf] * 1e-3
 
     assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(1024, 1, 1)
-    # every candidate, then the K streams race of the chosen int16-x setting (two settings)
-    assert len(calls) == (len(tuner.DECODE_CANDIDATES) + 2) * tuner.DECODE_ROUNDS * len(tuner.decode_regimes())
+    assert len(calls) == len(tuner.decode_candidates(W4A16.scheme)) * tuner.DECODE_ROUNDS * len(tuner.decode_regimes())
     assert {t for _, t in calls} == set(tuner.decode_regimes())
     assert DP(0, 1) in tuner.DECODE_CANDIDATES and DP(2048, 0) in tuner.DECODE_CANDIDATES
     assert {pf._replace(int16_x=1) for pf in tuner.DECODE_CANDIDATES} <= set(tuner.DECODE_CANDIDATES)
@@ -582,7 +581,7 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
     flat = {pf: 1.0 for pf in fast}
     assert tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf, t: flat[pf] * 1e-3)[0] == kplan.DEFAULT_DECODE  # no gain: none
     # by median a setting is 2x faster, but it beats none in 1 round of 5 (the rounds disagree): not trusted
-    n, regimes = len(tuner.DECODE_CANDIDATES), len(tuner.decode_regimes())
+    n, regimes = len(tuner.decode_candidates(W4A16.scheme)), len(tuner.decode_regimes())
     rounds = iter(([1.0] + [2.0] * (n - 1)) * 2 * regimes + ([1.0] + [0.5] * (n - 1)) * regimes
                   + ([0.1] + [0.5] * (n - 1)) * 2 * regimes)
     best, times = tuner.tune_decode_setting(isa, W4A16.scheme, lambda pf, t: next(rounds))
@@ -640,41 +639,31 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         monkey.undo()
 
 
-def test_two_k_streams_are_taken_only_where_one_row_calls_run_faster_in_every_regime():
-    """The K streams race (tuner._k_streams) runs after the rest of the setting, only for a
-    choice whose one-row kernel splits (W4A16 with int16 x, W4A8): 2 streams where they are K_STREAMS_GAIN
-    faster by median in every regime and in most rounds; not where one regime is slower, nor for W4A16 on
-    bf16 x (its split loop is int16 x's)."""
+def test_two_k_streams_are_candidates_where_the_one_row_kernel_splits():
+    """Two K streams per tile (DecodeSetting.k_streams) are candidates of the M = 1 race wherever the
+    scheme's one-row kernel splits (Scheme.splits_k: W4A16 on int16 x, W4A8 always), never for W4A16 on
+    bf16 x; chosen where fastest, and carried into the Thresholds."""
     from awq_inductor.kernels import isa as isa_mod
 
     isa = isa_mod.select()
     DP = kplan.DecodeSetting
+    c16, c8 = tuner.decode_candidates(W4A16.scheme), tuner.decode_candidates(W4A8.scheme)
+    assert {pf for pf in c16 if pf.k_streams == 2} == {pf._replace(k_streams=2) for pf in c16 if pf.int16_x}
+    assert len(c8) == 2 * len([pf for pf in c8 if pf.k_streams == 1]) and not any(pf.int16_x for pf in c8)
     base = {pf: 3.0 - 1.0 * (pf.distance == 2048) - 0.3 * pf.int16_x for pf in tuner.DECODE_CANDIDATES}
 
-    def timer_with(k2_factor):  # k2_factor(threads): k_streams=2's time over k_streams=1's
-        calls = []
+    def timer_with(k2_factor):  # k2_factor(threads): two streams' time over one stream's
+        return lambda pf, t: base[pf._replace(k_streams=1)] * (k2_factor(t) if pf.k_streams == 2 else 1.0) * 1e-3
 
-        def timer(pf, threads):
-            calls.append(pf)
-            return base[pf._replace(k_streams=1)] * (k2_factor(threads) if pf.k_streams == 2 else 1.0) * 1e-3
-        return timer, calls
-
-    timer, calls = timer_with(lambda t: 0.9)
-    best, times = tuner.tune_decode_setting(isa, W4A16.scheme, timer)
+    best, times = tuner.tune_decode_setting(isa, W4A16.scheme, timer_with(lambda t: 0.9))
     assert best == DP(2048, 0, 1, k_streams=2) and times["2048+int16+k2"] == pytest.approx(1.53)
-    assert sum(pf.k_streams == 2 for pf in calls) == tuner.DECODE_ROUNDS * len(tuner.decode_regimes())
+    assert kplan.Plan(5, 8, 9).with_decode(best).cxx_args()[-1] == 2
     regimes = tuner.decode_regimes()
-    if len(regimes) > 1:  # slower at one thread: kept at one stream
-        timer, _ = timer_with(lambda t: 0.9 if t == regimes[0] else 1.05)
-        assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 1)
-    timer, _ = timer_with(lambda t: 0.995)  # within K_STREAMS_GAIN
-    assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 1)
-    timer, calls = timer_with(lambda t: 0.9)  # W4A8's kernel splits whatever x
-    assert tuner.tune_decode_setting(isa, W4A8.scheme, timer)[0] == DP(2048, 0, 0, k_streams=2)
-    base.update({pf: t + 1.0 * pf.int16_x for pf, t in base.items()})  # W4A16 on bf16 x: never raced
-    timer, calls = timer_with(lambda t: 0.5)
-    assert tuner.tune_decode_setting(isa, W4A16.scheme, timer)[0] == DP(2048, 0, 0)
-    assert not any(pf.k_streams == 2 for pf in calls)
+    if len(regimes) > 1:  # slower at one thread: its worst ratio over the regimes loses
+        best = tuner.tune_decode_setting(isa, W4A16.scheme, timer_with(lambda t: 0.9 if t == regimes[0] else 1.2))[0]
+        assert best == DP(2048, 0, 1)
+    assert tuner.tune_decode_setting(isa, W4A8.scheme, timer_with(lambda t: 0.9))[0] == DP(2048, 0, 0, k_streams=2)
+    assert tuner.tune_decode_setting(isa, W4A8.scheme, timer_with(lambda t: 1.1))[0] == DP(2048, 0, 0)
 
 
 def test_calls_of_many_rows_keep_their_prefetch_unless_off_is_clearly_faster():
@@ -771,7 +760,8 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
 
     isa, DP = isa_mod.select(), kplan.DecodeSetting
     assert all(not pf.int16_x for pf in tuner.decode_candidates(W4A8.scheme))
-    assert set(tuner.decode_candidates(W4A16.scheme)) == set(tuner.DECODE_CANDIDATES)
+    a16 = set(tuner.decode_candidates(W4A16.scheme))
+    assert a16 == set(tuner.DECODE_CANDIDATES) | {pf._replace(k_streams=2) for pf in tuner.DECODE_CANDIDATES if pf.int16_x}
     timed = {}
 
     def timer_for(scheme):
@@ -782,8 +772,7 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
     monkeypatch.setattr(tuner, "tune_decode_setting", lambda isa, scheme: real(isa, scheme, timer_for(scheme)))
     assert tuning_cache.decode_setting(isa, W4A8.scheme) == DP(1024, 1, 0)
     assert tuning_cache.decode_setting(isa, W4A16.scheme) == DP(2048, 0, 1)
-    # every candidate, then the K streams race of the choice (its k_streams=2 no faster here: kept at 1)
-    assert timed["w4a8"] == set(tuner.decode_candidates(W4A8.scheme)) | {DP(1024, 1, 0, k_streams=2)}
+    assert timed["w4a8"] == set(tuner.decode_candidates(W4A8.scheme))
     params = json.loads(open(tuning_cache.cache_path()).read())["machine_params"]
     assert {f"decode_setting/{isa}/w4a16", f"decode_setting/{isa}/w4a8"} <= set(params)
     tuning_cache.forget()

@@ -70,7 +70,8 @@ DEFAULT_DECODE_PREFETCH_L2 = 0
 DEFAULT_ROWS_PREFETCH = 1
 #: How many K segments a one-row int16-x call reads side by side per tile (1 or 2; runtime/driver.h.j2
 #: Thresholds::decode_k_streams): 2 keeps four weight streams per core in flight instead of two. 1 without
-#: a measurement; raced per machine after the rest of the setting (kernels/tuner.py _k_streams).
+#: a measurement; per machine, every candidate setting whose one-row kernel splits also runs with 2
+#: (kernels/tuner.py decode_candidates).
 DEFAULT_DECODE_K_STREAMS = 1
 #: W4A16 on AMX: calls of up to this many rows convert the weights to exact bf16(128 + q) per group
 #: and fold zeros and scales into each group's tile sums (path ``amx_groups``, where G and K are

@@ -403,9 +403,15 @@ DECODE_ROUNDS = 5
 
 
 def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
-    """The settings of :data:`DECODE_CANDIDATES` that change ``scheme``'s decode kernels: all of them,
-    or those with bf16 x where the scheme has no int16 x choice (``Scheme.int16_x``)."""
-    return tuple(pf for pf in DECODE_CANDIDATES if scheme.int16_x or not pf.int16_x)
+    """The settings of :data:`DECODE_CANDIDATES` that change ``scheme``'s decode kernels (all of them, or
+    those with bf16 x where the scheme has no int16 x choice: ``Scheme.int16_x``), then each of them whose
+    one-row kernel has the K split (``Scheme.splits_k``) with two K streams. Why candidates and not a race
+    of their own after the choice: the settings lie within a few percent of each other, so a later race
+    against the chosen one only met that one's noise (the AMX Xeon's W4A8 kept one stream on a setting
+    that ran 1.08x slower than the fastest in the race; two streams gain 0.93-1.10x there, 1.00-1.16x on
+    W4A16 int16 x: benchmarks/results/decode_k_streams_amx_1207.md)."""
+    one = tuple(pf for pf in DECODE_CANDIDATES if scheme.int16_x or not pf.int16_x)
+    return one + tuple(pf._replace(k_streams=2) for pf in one if scheme.splits_k(pf.int16_x))
 
 
 def setting_name(setting: DecodeSetting) -> str:
@@ -456,8 +462,7 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
     streams in flight (AMX Xeon, M = 1, 2 threads, share of the read probe at 4096 x 11008 / 4096 x
     4096, bench_prefetch.py: W4A16 best 2 KB + int16 x 81 / 79%, next tile 76-78%; W4A8 2 KB 90 /
     84%, 1 KB + next tile 98 / 90%). Then the prefetch choice of calls of 5 rows or more
-    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows), and where the chosen one-row kernel has
-    the K split (``Scheme.splits_k``) its K streams (:func:`_k_streams`). ``timer`` and ``rows_timer`` (tests):
+    (:func:`_rows_prefetch`, timed at :data:`ROWS_TIMED` rows). ``timer`` and ``rows_timer`` (tests):
     (setting, threads) -> seconds per call at M = 1 and at ROWS_TIMED rows (without ``rows_timer``
     where ``timer`` is given: the constant's choice)."""
     if timer is None:
@@ -477,9 +482,6 @@ def tune_decode_setting(isa: str, scheme: Scheme = W4A16, timer: Optional[Callab
                 times.update(rows_times)
             best, rows_times = _rows_prefetch(best, rows_timer)
             times.update(rows_times)
-        if scheme.splits_k(best.int16_x):
-            best, k_times = _k_streams(best, regimes, timer)
-            times.update(k_times)
     return best, times
 
 
@@ -495,7 +497,11 @@ def _one_row_choice(rounds: List[Dict[DecodeSetting, Dict[int, float]]], regimes
     med = _medians(rounds, settings, regimes)
     cost = _regime_cost(med)
     best = min(cost, key=cost.get)
-    plain = best._replace(int16_x=0)  # int16 x only for a clear gain in every regime: bf16 x keeps exact products
+    # int16 x only for a clear gain in every regime over the same prefetch on bf16 x (exact products), with
+    # the K streams bf16 x has (one where its kernel does not split)
+    plain = best._replace(int16_x=0)
+    if plain not in med:
+        plain = plain._replace(k_streams=1)
     if best.int16_x and any(med[plain][g] <= med[best][g] * MIN_GAIN for g in regimes):
         best = plain
     wins = sum(c[best] * MIN_GAIN < c[DEFAULT_DECODE] for c in map(_regime_cost, rounds))
@@ -543,33 +549,6 @@ def _rows_race(timer: Callable[[DecodeSetting, int], float], a: DecodeSetting, b
     med = {pf: statistics.median(r[pf] for r in rounds) for pf in (a, b)}
     wins = sum(r[b] * gain < r[a] for r in rounds)
     return med[b] * gain < med[a] and 2 * wins > DECODE_ROUNDS, med
-
-
-#: Two K streams per tile (:func:`_k_streams`) taken where one-row calls run this much faster with them.
-K_STREAMS_GAIN = 1.01
-
-
-def _k_streams(best: DecodeSetting, regimes: Tuple[int, ...],
-               timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
-    """``best`` with ``k_streams=2`` where one-row calls run :data:`K_STREAMS_GAIN` faster
-    with it by median in every regime and in most of :data:`DECODE_ROUNDS` interleaved rounds, and the
-    medians by setting name (ms). Why a race of its own after the rest: it doubles the weight streams
-    a core keeps in flight whatever the prefetch, so it is timed with the chosen one (AMX Xeon, M = 1,
-    cold copies, 2 threads, per interleaved round: 1.02-1.14x at 4096 x 12288, 1.00-1.07x at 4096 x
-    4096, 1.03-1.12x at 4096 x 22016, 1.04-1.12x at 11008 x 4096 with 2048 + int16;
-    benchmarks/results/decode_k_streams_amx_1207.md)."""
-    alt = best._replace(k_streams=2)
-    rounds = []
-    for _ in range(DECODE_ROUNDS):
-        rounds.append({pf: {} for pf in (best, alt)})
-        for g in regimes:
-            for pf in (best, alt):
-                rounds[-1][pf][g] = timer(pf, g)
-    med = _medians(rounds, (best, alt), regimes)
-    wins = sum(all(r[alt][g] * K_STREAMS_GAIN < r[best][g] for g in regimes) for r in rounds)
-    faster = all(med[alt][g] * K_STREAMS_GAIN < med[best][g] for g in regimes) and 2 * wins > DECODE_ROUNDS
-    names = {(pf, g): setting_name(pf) + ("" if g == regimes[0] else f"@{g}t") for pf in (best, alt) for g in regimes}
-    return (alt if faster else best), {names[pf, g]: round(med[pf][g] * 1e3, 4) for pf in (best, alt) for g in regimes}
 
 
 def _rows_prefetch(best: DecodeSetting, timer: Callable[[DecodeSetting, int], float]) -> Tuple[DecodeSetting, dict]:
