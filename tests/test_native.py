@@ -381,11 +381,11 @@ def test_int16_decode_matches_the_bf16_decode(isa, op_name, K, G):
 
 @pytest.mark.parametrize("isa", DECODE_ISAS)
 @pytest.mark.parametrize("op_name", ["int4_mm", "int4_mm_silu_mul", "int4_mm_a8"])
-@pytest.mark.parametrize("K,G", [(256, 64), (384, 128), (1024, 256), (4096, 128), (4096, 4096)])
+@pytest.mark.parametrize("K,G", [(256, 64), (384, 128), (512, 32), (1024, 256), (4096, 128), (4096, 4096)])
 def test_two_k_streams_give_the_one_stream_result(isa, op_name, K, G):
     """One-row int16-x calls with two K streams per tile (Thresholds::decode_k_streams = 2: the tile's K
     range as two segments of whole groups read side by side) against one stream and the fp32 oracle,
-    at 1 and 2 threads: even group counts split (K = 256, 1024, 4096), an odd count (K = 384) and one
+    at 1 and 2 threads: even group counts split (K = 256, 1024, 4096; G = 32 as the int4 head), an odd count (K = 384) and one
     group (G = K) keep the one-stream loop, K slices (2 threads) split where whole groups allow; a
     partial last panel (N = 200); an outlier 2^8 above its group; W4A8 (its kernel splits on int8 x; the oracle
     quantizes x as the kernel does).

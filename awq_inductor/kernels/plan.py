@@ -68,7 +68,8 @@ DEFAULT_DECODE_PREFETCH_L2 = 0
 #: here already prefetches all three, within 1 % (benchmarks/results/rows_prefetch_zen4_1207.md). On
 #: unless the machine's measurement says otherwise (kernels/tuner.py tune_decode_setting).
 DEFAULT_ROWS_PREFETCH = 1
-#: How many K segments a one-row int16-x call reads side by side per tile (1 or 2; runtime/driver.h.j2
+#: How many K segments a one-row call reads side by side per tile (1 or 2, where the scheme's kernel splits:
+#: Scheme.splits_k; runtime/driver.h.j2
 #: Thresholds::decode_k_streams): 2 keeps four weight streams per core in flight instead of two. 1 without
 #: a measurement; per machine, every candidate setting whose one-row kernel splits also runs with 2
 #: (kernels/tuner.py decode_candidates).
@@ -87,7 +88,7 @@ class DecodeSetting(NamedTuple):
     runs as int16 fixed point (0 / 1, :data:`DEFAULT_DECODE_INT16`), the distance of the
     prefetch into L2 within each stream (bytes, 0: none, :data:`DEFAULT_DECODE_PREFETCH_L2`), and
     whether calls of 5 rows or more prefetch with the rows' setting (0 / 1, :data:`DEFAULT_ROWS_PREFETCH`), and
-    how many K segments a one-row int16-x call streams side by side (1 / 2, :data:`DEFAULT_DECODE_K_STREAMS`)."""
+    how many K segments a one-row call streams side by side (1 / 2, :data:`DEFAULT_DECODE_K_STREAMS`)."""
 
     distance: int
     next_tile: int
