@@ -56,26 +56,21 @@ class Scheme:
     driver: str                     # C++ entry name of the driver for this scheme (golden regions)
     note: str = ""                  # appended to the op name in the generated code's comment
     int16_x: bool = False           # its decode rows can run bf16 x as int16 fixed point (DecodeSetting.int16_x)
-    # whether its one-row decode kernel can read a tile's K range as two segments side by side
-    # (DecodeSetting.k_streams): "int16_x" (W4A16: the int16-x kernel only), "always" (W4A8) or "never"
-    k_split: str = "never"
-
-    def splits_k(self, int16_x: int) -> bool:
-        """Whether a one-row call under a decode setting with this ``int16_x`` has the K-split kernel."""
-        return self.k_split == "always" or (self.k_split == "int16_x" and bool(int16_x))
+    two_k_streams: bool = False     # its one-row decode kernels can read a tile's K range as two segments side
+                                    # by side (DecodeSetting.k_streams = 2)
 
 
 W4A16 = Scheme(
     name="w4a16", act_quant=None, op_prefix="int4_mm", moe_name="int4_moe", weights=(QWEIGHT, SCALES, ZEROS),
     k_per_row=2, row_bytes=packing.BLOCK_N, group_multiple=2,
     pack=packing.pack_for_kernel, unpack=packing.unpack_from_kernel,
-    header="schemes/w4a16.h.j2", driver="int4_mm_driver", int16_x=True, k_split="int16_x")
+    header="schemes/w4a16.h.j2", driver="int4_mm_driver", int16_x=True, two_k_streams=True)
 W4A8 = Scheme(
     name="w4a8", act_quant="int8", op_prefix="int4_mm_a8", moe_name="int4_moe_a8", weights=(QWEIGHT, SCALES, ZEROS, COMP),
     k_per_row=4, row_bytes=2 * packing.BLOCK_N, group_multiple=packing.A8_KSTEP,
     pack=packing.pack_for_int8_kernel, unpack=packing.unpack_from_int8_kernel,
     header="schemes/w4a8.h.j2", driver="int4_mm_a8_driver", note=" (W4A8, per-token int8 x)",
-    k_split="always")
+    two_k_streams=True)
 SCHEMES: Dict[Optional[str], Scheme] = {s.act_quant: s for s in (W4A16, W4A8)}
 #: The ``act_quant`` values modules, the model pass and the transformers patch accept.
 ACT_QUANT_CHOICES = tuple(SCHEMES)

@@ -380,23 +380,22 @@ def test_int16_decode_matches_the_bf16_decode(isa, op_name, K, G):
 
 
 @pytest.mark.parametrize("isa", DECODE_ISAS)
-@pytest.mark.parametrize("op_name", ["int4_mm", "int4_mm_silu_mul", "int4_mm_a8"])
+@pytest.mark.parametrize("op_name,int16_x", [("int4_mm", 1), ("int4_mm", 0), ("int4_mm_silu_mul", 1), ("int4_mm_a8", 0)])
 @pytest.mark.parametrize("K,G", [(256, 64), (384, 128), (512, 32), (1024, 256), (4096, 128), (4096, 4096)])
-def test_two_k_streams_give_the_one_stream_result(isa, op_name, K, G):
-    """One-row int16-x calls with two K streams per tile (Thresholds::decode_k_streams = 2: the tile's K
-    range as two segments of whole groups read side by side) against one stream and the fp32 oracle,
-    at 1 and 2 threads: even group counts split (K = 256, 1024, 4096; G = 32 as the int4 head), an odd count (K = 384) and one
-    group (G = K) keep the one-stream loop, K slices (2 threads) split where whole groups allow; a
-    partial last panel (N = 200); an outlier 2^8 above its group; W4A8 (its kernel splits on int8 x; the oracle
-    quantizes x as the kernel does).
-    Only the fp32 order of the groups' sum differs, so the two agree to fp32 rounding."""
+def test_two_k_streams_give_the_one_stream_result(isa, op_name, int16_x, K, G):
+    """One-row calls with two K streams per tile (Thresholds::decode_k_streams = 2: the tile's K range
+    as two segments of whole groups read side by side) against one stream and the fp32 oracle, at 1 and
+    2 threads: even group counts split (K = 256, 1024, 4096; G = 32 as the int4 head), an odd count
+    (K = 384) and one group (G = K) keep the one-stream loop, K slices (2 threads) split where whole
+    groups allow; a partial last panel (N = 200); an outlier 2^8 above its group; W4A16 on bf16 and on
+    int16 x; W4A8 (the oracle quantizes x as the kernel does). Only the order of the fp32 sums differs,
+    so the two agree to one step of the bf16 output."""
     op = schemes.OPS[op_name]
     N = 96 if op.spec.columns_per_output == 2 else 200
     w = op_args(op_name, N, K, G, bias=False, seed=11)[:len(op.scheme.weights)]
     kern = native.get_kernel(op_name, torch.bfloat16, isa)
-    i16 = int(op.scheme.int16_x)
-    one = kplan.forced_plan(_DECODE_ROWS).with_decode(kplan.DecodeSetting(2048, 0, i16))
-    two = one.with_decode(kplan.DecodeSetting(2048, 0, i16, k_streams=2))
+    one = kplan.forced_plan(_DECODE_ROWS).with_decode(kplan.DecodeSetting(2048, 0, int16_x))
+    two = one.with_decode(kplan.DecodeSetting(2048, 0, int16_x, k_streams=2))
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(K)).bfloat16()
     x[0, 1] = 300.0
     ref = oracles.int4_mm(op_name, x.float(), *w, None, G, N, quantize_x=op.scheme.act_quant is not None)
@@ -404,7 +403,8 @@ def test_two_k_streams_give_the_one_stream_result(isa, op_name, K, G):
         with config.patch(num_threads=threads):
             y1, y2 = kern(x, *w, None, G, N, plan=one), kern(x, *w, None, G, N, plan=two)
         torch.testing.assert_close(y2.float(), ref, rtol=1e-2, atol=1e-2 * float(ref.abs().max()))
-        torch.testing.assert_close(y2.float(), y1.float(), rtol=1e-5, atol=1e-5 * float(y1.float().abs().max()))
+        # one bf16 step at most (the bf16 output of two fp32 sums a few fp32 steps apart can round apart)
+        torch.testing.assert_close(y2.float(), y1.float(), rtol=2 ** -7, atol=1e-5 * float(y1.float().abs().max()))
 
 
 @pytest.mark.parametrize("isa", DECODE_ISAS)

@@ -639,17 +639,18 @@ def test_decode_setting_is_measured_once_per_machine_and_reaches_the_plans(tune_
         monkey.undo()
 
 
-def test_two_k_streams_are_candidates_where_the_one_row_kernel_splits():
-    """Two K streams per tile (DecodeSetting.k_streams) are candidates of the M = 1 race wherever the
-    scheme's one-row kernel splits (Scheme.splits_k: W4A16 on int16 x, W4A8 always), never for W4A16 on
-    bf16 x; chosen where fastest, and carried into the Thresholds."""
+def test_two_k_streams_are_candidates_where_the_one_row_kernels_split():
+    """Two K streams per tile (DecodeSetting.k_streams) are candidates of the M = 1 race beside every
+    setting of a scheme whose one-row kernels split (Scheme.two_k_streams: W4A16 on bf16 and int16 x,
+    W4A8); chosen where fastest in every regime, and carried into the Thresholds."""
     from awq_inductor.kernels import isa as isa_mod
 
     isa = isa_mod.select()
     DP = kplan.DecodeSetting
-    c16, c8 = tuner.decode_candidates(W4A16.scheme), tuner.decode_candidates(W4A8.scheme)
-    assert {pf for pf in c16 if pf.k_streams == 2} == {pf._replace(k_streams=2) for pf in c16 if pf.int16_x}
-    assert len(c8) == 2 * len([pf for pf in c8 if pf.k_streams == 1]) and not any(pf.int16_x for pf in c8)
+    for scheme in (W4A16.scheme, W4A8.scheme):
+        cands = tuner.decode_candidates(scheme)
+        one = [pf for pf in cands if pf.k_streams == 1]
+        assert scheme.two_k_streams and [pf for pf in cands if pf.k_streams == 2] == [pf._replace(k_streams=2) for pf in one]
     base = {pf: 3.0 - 1.0 * (pf.distance == 2048) - 0.3 * pf.int16_x for pf in tuner.DECODE_CANDIDATES}
 
     def timer_with(k2_factor):  # k2_factor(threads): two streams' time over one stream's
@@ -761,7 +762,7 @@ def test_each_scheme_has_its_own_decode_setting(tune_dir, monkeypatch):
     isa, DP = isa_mod.select(), kplan.DecodeSetting
     assert all(not pf.int16_x for pf in tuner.decode_candidates(W4A8.scheme))
     a16 = set(tuner.decode_candidates(W4A16.scheme))
-    assert a16 == set(tuner.DECODE_CANDIDATES) | {pf._replace(k_streams=2) for pf in tuner.DECODE_CANDIDATES if pf.int16_x}
+    assert a16 == set(tuner.DECODE_CANDIDATES) | {pf._replace(k_streams=2) for pf in tuner.DECODE_CANDIDATES}
     timed = {}
 
     def timer_for(scheme):

@@ -68,9 +68,8 @@ DEFAULT_DECODE_PREFETCH_L2 = 0
 #: here already prefetches all three, within 1 % (benchmarks/results/rows_prefetch_zen4_1207.md). On
 #: unless the machine's measurement says otherwise (kernels/tuner.py tune_decode_setting).
 DEFAULT_ROWS_PREFETCH = 1
-#: How many K segments a one-row call reads side by side per tile (1 or 2, where the scheme's kernel splits:
-#: Scheme.splits_k; runtime/driver.h.j2
-#: Thresholds::decode_k_streams): 2 keeps four weight streams per core in flight instead of two. 1 without
+#: How many K segments a one-row call reads side by side per tile (1 or 2, where the scheme's kernels split:
+#: Scheme.two_k_streams; runtime/driver.h.j2 Thresholds::decode_k_streams): 2 keeps four weight streams per core in flight instead of two. 1 without
 #: a measurement; per machine, every candidate setting whose one-row kernel splits also runs with 2
 #: (kernels/tuner.py decode_candidates).
 DEFAULT_DECODE_K_STREAMS = 1

@@ -404,14 +404,14 @@ DECODE_ROUNDS = 5
 
 def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
     """The settings of :data:`DECODE_CANDIDATES` that change ``scheme``'s decode kernels (all of them, or
-    those with bf16 x where the scheme has no int16 x choice: ``Scheme.int16_x``), then each of them whose
-    one-row kernel has the K split (``Scheme.splits_k``) with two K streams. Why candidates and not a race
+    those with bf16 x where the scheme has no int16 x choice: ``Scheme.int16_x``), then, where the scheme's
+    one-row kernels have the K split (``Scheme.two_k_streams``), each of them with two K streams. Why candidates and not a race
     of their own after the choice: the settings lie within a few percent of each other, so a later race
     against the chosen one only met that one's noise (the AMX Xeon's W4A8 kept one stream on a setting
-    that ran 1.08x slower than the fastest in the race; two streams gain 0.93-1.10x there, 1.00-1.16x on
-    W4A16 int16 x: benchmarks/results/decode_k_streams_amx_1207.md)."""
+    that ran 1.08x slower than the fastest in the race; two streams gain 0.93-1.10x there, 0.94-1.16x on
+    W4A16 int16 x, 0.99-1.17x on bf16 x, per round: benchmarks/results/decode_k_streams_amx_1207.md)."""
     one = tuple(pf for pf in DECODE_CANDIDATES if scheme.int16_x or not pf.int16_x)
-    return one + tuple(pf._replace(k_streams=2) for pf in one if scheme.splits_k(pf.int16_x))
+    return one + (tuple(pf._replace(k_streams=2) for pf in one) if scheme.two_k_streams else ())
 
 
 def setting_name(setting: DecodeSetting) -> str:
@@ -497,11 +497,7 @@ def _one_row_choice(rounds: List[Dict[DecodeSetting, Dict[int, float]]], regimes
     med = _medians(rounds, settings, regimes)
     cost = _regime_cost(med)
     best = min(cost, key=cost.get)
-    # int16 x only for a clear gain in every regime over the same prefetch on bf16 x (exact products), with
-    # the K streams bf16 x has (one where its kernel does not split)
-    plain = best._replace(int16_x=0)
-    if plain not in med:
-        plain = plain._replace(k_streams=1)
+    plain = best._replace(int16_x=0)  # int16 x only for a clear gain in every regime: bf16 x keeps exact products
     if best.int16_x and any(med[plain][g] <= med[best][g] * MIN_GAIN for g in regimes):
         best = plain
     wins = sum(c[best] * MIN_GAIN < c[DEFAULT_DECODE] for c in map(_regime_cost, rounds))

@@ -1,8 +1,9 @@
 """decode_k_streams 1 against 2 in the shipped kernels at M = 1 on the Llama-7B layer shapes, cold copies (640 MiB
 per shape), 7 interleaved rounds beside the 256 MiB read probe; A8=1 for W4A8 (its settings: 2048, and 1024 + the
-next tile), W4A16 otherwise (2048 + int16 x, and 1024 + int16 x + 4 KB into L2):
+next tile), BF16X=1 for W4A16 on bf16 x (the same two), W4A16 on int16 x otherwise (2048 + int16 x, and 1024 +
+int16 x + 4 KB into L2):
 
-    python benchmarks/results/decode_k_streams_ab.py; A8=1 python benchmarks/results/decode_k_streams_ab.py
+    python benchmarks/results/decode_k_streams_ab.py; A8=1 python ...; BF16X=1 python ...
 
 (decode_k_streams_amx_1207.md)."""
 import dataclasses, os, sys, time, statistics, torch
@@ -15,8 +16,9 @@ A8 = os.environ.get("A8") == "1"
 op, G = Op(W4A8 if A8 else W4A16, LINEAR), 128
 kern = native.get_kernel(op.name, torch.bfloat16)
 base = dataclasses.replace(P.default_plan(), bf16_f32_min_m=P.NEVER, amx_min_m=P.NEVER, panel_min_m=P.NEVER)
-first = DecodeSetting(2048, 0, 0) if A8 else DecodeSetting(2048, 0, 1)
-second = DecodeSetting(1024, 1, 0) if A8 else DecodeSetting(1024, 0, 1, 4096)
+BF16X = os.environ.get("BF16X") == "1"
+first = DecodeSetting(2048, 0, 0) if A8 or BF16X else DecodeSetting(2048, 0, 1)
+second = DecodeSetting(1024, 1, 0) if A8 or BF16X else DecodeSetting(1024, 0, 1, 4096)
 # numerics: the two streams' result against one stream's (only the fp32 order of the groups' sum differs)
 for K, N in [(4096, 4096), (11008, 4096), (4096, 12288), (384, 96), (640, 64)]:
     ws = tuner._random_weights(op, K, N, G); x = torch.randn(1, K).to(torch.bfloat16)
