@@ -405,8 +405,8 @@ DECODE_ROUNDS = 5
 def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
     """The settings of :data:`DECODE_CANDIDATES` that change ``scheme``'s decode kernels (all of them, or
     those with bf16 x where the scheme has no int16 x choice: ``Scheme.int16_x``), then, where the scheme's
-    one-row kernels have the K split (``Scheme.two_k_streams``), each of them with two K streams. Why candidates and not a race
-    of their own after the choice: the settings lie within a few percent of each other, so a later race
+    one-row kernels have the K split (``Scheme.two_k_streams``), each of them with two K streams. Why
+    candidates and not a race of their own after the choice: the settings lie within a few percent of each other, so a later race
     against the chosen one only met that one's noise (the AMX Xeon's W4A8 kept one stream on a setting
     that ran 1.08x slower than the fastest in the race; two streams gain 0.93-1.10x there, 0.94-1.16x on
     W4A16 int16 x, 0.99-1.17x on bf16 x, per round: benchmarks/results/decode_k_streams_amx_1207.md)."""
@@ -415,8 +415,8 @@ def decode_candidates(scheme: Scheme) -> Tuple[DecodeSetting, ...]:
 
 
 def setting_name(setting: DecodeSetting) -> str:
-    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``, ``"0+no_rows_prefetch"``, ``"2048+int16+k2"``: a setting's
-    key in the cached timings and its name in the log."""
+    """``"1024"``, ``"0+next_tile"``, ``"512+int16"``, ``"1024+l2_4096"``, ``"0+no_rows_prefetch"``,
+    ``"2048+int16+k2"``: a setting's key in the cached timings and its name in the log."""
     return (f"{setting.distance}" + ("+next_tile" if setting.next_tile else "") + ("+int16" if setting.int16_x else "")
             + (f"+l2_{setting.l2_distance}" if setting.l2_distance else "")
             + ("" if setting.rows_prefetch else "+no_rows_prefetch")
