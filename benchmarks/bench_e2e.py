@@ -5,7 +5,8 @@
 
 Methods, all on the same quantized weights, side by side in one process: ours compiled
 (backend ``awq_inductor`` through ``compile_for_generate``: one compiled decoder layer per kind;
-``compiledwhole``: ``model.forward`` compiled whole, as before regional compilation), ours eager, the gptqmodel-style path (``aten._weight_int4pack_mm_for_cpu``,
+any such method + ``whole``, e.g. ``compiledwhole``, ``int4headwhole``: ``model.forward`` compiled whole, as the
+issue's ``torch.compile(model.forward)`` and as before regional compilation), ours eager, the gptqmodel-style path (``aten._weight_int4pack_mm_for_cpu``,
 zeros ``(8 - z) * s``) and the dense bf16 model (the dequantized weights). The embedding and
 ``lm_head`` stay dense bf16 in every method, as in real AWQ checkpoints: ours (compiled and eager)
 reads it with our GEMV at decode (``convert``'s default ``lm_head="bf16"``), the baselines with
@@ -93,10 +94,32 @@ def time_peer(method: str, path, ids, a):
 HEAD_METHODS = {"int8head": "int8", "int4head": "int4"}
 
 #: methods timed inside the interleaved rounds (with the peers): name -> label suffix
-ROUND_METHODS = {"compiled": "", "compiledwhole": " (whole model)", "compiled4k": " (weights on 4 KiB pages)",
+ROUND_METHODS = {"compiled": "", "compiled4k": " (weights on 4 KiB pages)",
                  "compiledw4a8": ", W4A8 (act_quant=int8)",
                  "compiledperkernel": " (each kernel built apart)",
                  **{m: f", {head} head" for m, head in HEAD_METHODS.items()}}
+#: A round method's name + this suffix (``compiledwhole``, ``int4headwhole``, ...): the same model with
+#: ``model.forward`` compiled whole (``compile_for_generate(regional=False)``: the issue's
+#: ``torch.compile(model.forward)`` set-up, one Dynamo entry per step) instead of one decoder layer per
+#: kind with the outer forward eager (the default: first tokens in seconds at any depth)
+WHOLE = "whole"
+
+
+#: methods timed once after the rounds
+OTHER_METHODS = ("flinearhead", "eager", "int4pack", "dense")
+
+
+def round_method(name: str):
+    """(base round method, compiled whole) for a round method's name, or None."""
+    if name in ROUND_METHODS:
+        return name, False
+    base = name[: -len(WHOLE)] if name.endswith(WHOLE) else None
+    return (base, True) if base in ROUND_METHODS else None
+
+
+def round_label(name: str) -> str:
+    base, whole = round_method(name)
+    return "ours compiled" + ROUND_METHODS[base] + (" (whole model)" if whole else "")
 
 
 def main(argv=None):
@@ -106,8 +129,8 @@ def main(argv=None):
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--methods", default="compiled,int8head,eager,int4pack,dense",
-                   help="any of compiled, compiledwhole, compiled4k, compiledw4a8, compiledperkernel, int8head, int4head, flinearhead, eager, int4pack, "
-                        "dense and the peers " + ", ".join(PEERS) + " (GGUF files of the same weights)")
+                   help="any of compiled, compiled4k, compiledw4a8, compiledperkernel, int8head, int4head (each also with "
+                        f"the suffix {WHOLE!r}: model.forward compiled whole), flinearhead, eager, int4pack, dense and the peers " + ", ".join(PEERS) + " (GGUF files of the same weights)")
     p.add_argument("--llama-bench", metavar="PATH", default=None,
                    help="a llama-bench binary of ik_llama.cpp you built: times the ikllama rows")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "bench_e2e.json"))
@@ -120,6 +143,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     methods = a.methods.split(",")
+    unknown = [m for m in methods if not (round_method(m) or m in PEERS or m in OTHER_METHODS)]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}, expected round methods {list(ROUND_METHODS)} (each also "
+                         f"+ {WHOLE!r}), peers {list(PEERS)} or {list(OTHER_METHODS)}")
     cfg = llama_config(a)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
@@ -131,7 +158,7 @@ def main(argv=None):
         return batched_main(a, model, ref)
     ids = torch.randint(0, a.vocab, (1, a.prompt_len), generator=torch.Generator().manual_seed(0))
     res = {}
-    compiled = [m for m in methods if m in ROUND_METHODS or m in PEERS]
+    compiled = [m for m in methods if round_method(m) or m in PEERS]
     # compiled4k: the same weights copied onto 4 KiB pages (a deep copy; the loaded model's streamed
     # weights sit on huge pages where available: kernels.hugepages), compiled regionally;
     # compiledw4a8: a copy converted to W4A8 (act_quant="int8"), compiled regionally; int8head /
@@ -144,7 +171,8 @@ def main(argv=None):
     variants = {"compiled4k": lambda: copy.deepcopy(model),
                 "compiledw4a8": functools.partial(converted_copy, act_quant="int8"),
                 **{m: functools.partial(converted_copy, lm_head=head) for m, head in HEAD_METHODS.items()}}
-    copies = {m: variants[m]() for m in compiled if m in variants}
+    bases = {round_method(m)[0] for m in compiled if round_method(m)}
+    copies = {m: variants[m]() for m in bases if m in variants}  # a method and its whole form share one
     gguf_dir = tempfile.TemporaryDirectory()
     ggufs = peer_files(ref, [m for m in compiled if m in PEERS], gguf_dir.name)
     rounds, probe = {}, []
@@ -159,15 +187,15 @@ def main(argv=None):
                           flush=True)
                     rounds.setdefault(PEERS[method][0], []).append((*speeds, None))
                 continue
-            regional = method != "compiledwhole"  # one decoder layer per kind (the default); whole: model.forward
-            m = copies.get(method, model)
+            base, whole = round_method(method)  # one decoder layer per kind (the default), or model.forward
+            m = copies.get(base, model)
             t0 = time.perf_counter()
             # compiledperkernel: the same graphs with each generated kernel built as Inductor does
             # (its own g++ run over the precompiled header), not one library per graph
-            apart = graph_library.kernels_built_apart() if method == "compiledperkernel" else contextlib.nullcontext()
+            apart = graph_library.kernels_built_apart() if base == "compiledperkernel" else contextlib.nullcontext()
             with apart:
-                compile_for_generate(m, regional=regional)
-                label = "ours compiled" + ROUND_METHODS[method]
+                compile_for_generate(m, regional=not whole)
+                label = round_label(method)
                 rounds.setdefault(label, []).append(bench(m, ids, a.new_tokens, label))
             uncompile(m)
             print(f"  (compile + warm-up {time.perf_counter() - t0:.1f}s)")

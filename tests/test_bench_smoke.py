@@ -220,6 +220,18 @@ def test_gguf_export_writes_every_llama_tensor(tmp_path, monkeypatch):
         export.write_llama_gguf(model, str(tmp_path / "n.gguf"), "q8")
 
 
+def test_bench_e2e_method_names(monkeypatch):
+    """Every round method also compiles whole with the suffix ``whole``; unknown names are refused by name."""
+    mod = _bench_module("bench_e2e", monkeypatch)
+    assert mod.round_method("compiled") == ("compiled", False)
+    assert mod.round_method("compiledwhole") == ("compiled", True)
+    assert mod.round_method("int4headwhole") == ("int4head", True)
+    assert mod.round_label("int4headwhole") == "ours compiled, int4 head (whole model)"
+    assert mod.round_method("whole") is None and mod.round_method("ikllamawhole") is None
+    with pytest.raises(SystemExit, match="unknown \\['int4headwhol'\\]"):
+        mod.main(["--methods", "compiled,int4headwhol"])
+
+
 def test_bench_e2e_times_the_peers_in_its_rounds(tmp_path, monkeypatch):
     """The peer rows on a tiny model: ik_llama.cpp through a stand-in llama-bench; llama.cpp where
     llama-cpp-python is installed (skipped with a line otherwise); the probe once per round."""
