@@ -1,0 +1,29 @@
+"""torch.compiler.nested_compile_region on the decoder layer class inside a whole-model compile (one traced layer
+stamped out per layer: what would give the whole-model step with regional compile times), small Llama shape:
+
+    python benchmarks/results/nested_region_attempt.py LAYERS ncr|whole|regional
+
+With torch 2.13 our backend failed on the invoke_subgraph (aten._local_scalar_dense.default in the subgraph; the
+subgraph had no KV-cache inputs) and Dynamo fell back with a graph break (decode_whole_vs_regional_amx_1208.md)."""
+import argparse, os, sys, time, torch, tempfile, transformers
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from decode_harness import model_args
+from llama_shape import llama_config
+from awq_inductor import compile_for_generate, patch_transformers
+from awq_inductor.testing import build_float_model, save_quantized
+L = int(sys.argv[1]); mode = sys.argv[2]
+a = model_args(argparse.ArgumentParser()).parse_args(["--layers", str(L), "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "8", "--vocab", "1000", "--head", "bf16"])
+torch.set_num_threads(2)
+with tempfile.TemporaryDirectory() as d:
+    save_quantized(build_float_model(llama_config(a)), d, format="gemm", group_size=128)
+    patch_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+ids = torch.randint(0, 1000, (1, 32))
+ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, min_new_tokens=8)
+if mode == "ncr":
+    cls = type(model.model.layers[0])
+    cls.forward = torch.compiler.nested_compile_region(cls.forward)
+compile_for_generate(model, regional=(mode == "regional"))
+t0 = time.time()
+out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, min_new_tokens=8)
+print("first generate", time.time() - t0, "equal", torch.equal(out, ref))
