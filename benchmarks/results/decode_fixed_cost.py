@@ -1,9 +1,10 @@
 """The M = 1 kernel (W4A16, int16 x, 2048 B prefetch, two K streams) and the read probe as a fixed cost per call plus a
 rate: K = 4096, N = 256-16384 (kernel) and 0.5-36 MiB (probe), cold copies (640 MiB per size) called round robin, 5
-interleaved rounds, least squares over the medians. The kernel is called through its eager ctypes binding (about 10 us
-of the call hot, call_cost below; the compiled graphs call it from C++).
+interleaved rounds, least squares over the medians. The kernel is called through its eager ctypes binding (the compiled
+graphs call it from C++); `hot` times that call on tiny shapes instead (ctypes, output allocation, x quantized to
+int16, the OpenMP region), 2000 calls, best of 5.
 
-    python benchmarks/results/decode_fixed_cost.py
+    python benchmarks/results/decode_fixed_cost.py [hot]
 
 (decode_whole_vs_regional_amx_1208.md)."""
 import dataclasses, os, sys, time, statistics, torch
@@ -17,6 +18,17 @@ op, G = Op(W4A16, LINEAR), 128
 kern = native.get_kernel(op.name, torch.bfloat16)
 base = dataclasses.replace(P.default_plan(), bf16_f32_min_m=P.NEVER, amx_min_m=P.NEVER, panel_min_m=P.NEVER)
 plan = base.with_decode(DecodeSetting(2048, 0, 1)._replace(k_streams=2))
+if sys.argv[1:] == ["hot"]:
+    for K, N in [(128, 64), (4096, 128), (4096, 256)]:
+        ws = tuner._random_weights(op, K, N, G); x = torch.randn(1, K).to(torch.bfloat16)
+        for _ in range(100): kern(x, *ws, None, G, N, plan=plan)
+        ts = []
+        for r in range(5):
+            t0 = time.perf_counter()
+            for _ in range(2000): kern(x, *ws, None, G, N, plan=plan)
+            ts.append((time.perf_counter() - t0) / 2000 * 1e6)
+        print(K, N, f"{min(ts):.1f} us hot per call")
+    sys.exit(0)
 K = 4096
 Ns = [256, 512, 1024, 2048, 4096, 8192, 16384]
 data = {}
