@@ -1,10 +1,10 @@
 """torch.compiler.nested_compile_region on the decoder layer class inside a whole-model compile (one traced layer
 stamped out per layer: what would give the whole-model step with regional compile times), small Llama shape:
 
-    python benchmarks/results/nested_region_attempt.py LAYERS ncr|whole|regional
+    python benchmarks/results/nested_region_attempt.py LAYERS ncr|whole|regional [BACKEND]
 
 With torch 2.13 our backend failed on the invoke_subgraph (aten._local_scalar_dense.default in the subgraph; the
-subgraph had no KV-cache inputs) and Dynamo fell back with a graph break (decode_whole_vs_regional_amx_1208.md)."""
+subgraph had no KV-cache inputs) and Dynamo fell back with a graph break; plain Inductor (BACKEND inductor) the same (decode_whole_vs_regional_amx_1208.md)."""
 import argparse, os, sys, time, torch, tempfile, transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from decode_harness import model_args
@@ -23,7 +23,7 @@ ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
 if mode == "ncr":
     cls = type(model.model.layers[0])
     cls.forward = torch.compiler.nested_compile_region(cls.forward)
-compile_for_generate(model, regional=(mode == "regional"))
+compile_for_generate(model, regional=(mode == "regional"), backend=(sys.argv[3] if len(sys.argv) > 3 else "awq_inductor"))
 t0 = time.time()
 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, min_new_tokens=8)
 print("first generate", time.time() - t0, "equal", torch.equal(out, ref))
