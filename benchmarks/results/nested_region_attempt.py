@@ -3,8 +3,9 @@ stamped out per layer: what would give the whole-model step with regional compil
 
     python benchmarks/results/nested_region_attempt.py LAYERS ncr|whole|regional [BACKEND]
 
-With torch 2.13 our backend failed on the invoke_subgraph (aten._local_scalar_dense.default in the subgraph; the
-subgraph had no KV-cache inputs) and Dynamo fell back with a graph break; plain Inductor (BACKEND inductor) the same (decode_whole_vs_regional_amx_1208.md)."""
+With torch 2.13 and the layers' floats symbolic, Inductor (ours and plain, BACKEND inductor) failed on the
+invoke_subgraph (aten._local_scalar_dense.default) and Dynamo fell back with a graph break; with specialize_float (set
+below, as the regional steps do) it compiles, tokens equal, but the first generate grows with depth (decode_whole_vs_regional_amx_1208.md)."""
 import argparse, os, sys, time, torch, tempfile, transformers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from decode_harness import model_args
@@ -23,6 +24,7 @@ ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
 if mode == "ncr":
     cls = type(model.model.layers[0])
     cls.forward = torch.compiler.nested_compile_region(cls.forward)
+torch._dynamo.config.specialize_float = True  # as regional.trace_settings (symbolic floats broke the subgraph)
 compile_for_generate(model, regional=(mode == "regional"), backend=(sys.argv[3] if len(sys.argv) > 3 else "awq_inductor"))
 t0 = time.time()
 out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, min_new_tokens=8)
