@@ -5,7 +5,7 @@ order; per step: the step, the decoder layers, the head, the decoder model (perf
     python benchmarks/results/decode_a8_step_ab.py
 
 (decode_whole_vs_regional_amx_1208.md)."""
-import argparse, collections, os, sys, time
+import argparse, collections, copy, os, sys, time
 import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_harness as dh  # noqa: E402
@@ -13,7 +13,7 @@ from awq_inductor import compile_for_generate, convert  # noqa: E402
 
 a = dh.model_args(argparse.ArgumentParser()).parse_args(["--head", "bf16", *sys.argv[1:]]); torch.set_num_threads(2)
 m16 = dh.loaded_model(a)
-m8 = convert(dh.huge_page_copy(m16), act_quant="int8")
+m8 = convert(copy.deepcopy(m16), act_quant="int8")  # (convert puts the repacked weights on huge pages)
 models = {"w4a16": compile_for_generate(m16), "w4a8": compile_for_generate(m8)}
 acc = collections.defaultdict(float)
 

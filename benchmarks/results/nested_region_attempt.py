@@ -6,19 +6,17 @@ stamped out per layer: what would give the whole-model step with regional compil
 With torch 2.13 and the layers' floats symbolic, Inductor (ours and plain, BACKEND inductor) failed on the
 invoke_subgraph (aten._local_scalar_dense.default) and Dynamo fell back with a graph break; with specialize_float (set
 below, as the regional steps do) it compiles, tokens equal, but the first generate grows with depth (decode_whole_vs_regional_amx_1208.md)."""
-import argparse, os, sys, time, torch, tempfile, transformers
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__))); sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from decode_harness import model_args
-from llama_shape import llama_config
-from awq_inductor import compile_for_generate, patch_transformers
-from awq_inductor.testing import build_float_model, save_quantized
+import argparse, os, sys, time
+import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import decode_harness as dh  # noqa: E402
+from awq_inductor import compile_for_generate  # noqa: E402
+
 L = int(sys.argv[1]); mode = sys.argv[2]
-a = model_args(argparse.ArgumentParser()).parse_args(["--layers", str(L), "--hidden", "512", "--intermediate", "1024", "--heads", "8", "--kv-heads", "8", "--vocab", "1000", "--head", "bf16"])
+a = dh.model_args(argparse.ArgumentParser()).parse_args(["--layers", str(L), "--hidden", "512", "--intermediate", "1024",
+                                                         "--heads", "8", "--kv-heads", "8", "--vocab", "1000", "--head", "bf16"])
 torch.set_num_threads(2)
-with tempfile.TemporaryDirectory() as d:
-    save_quantized(build_float_model(llama_config(a)), d, format="gemm", group_size=128)
-    patch_transformers()
-    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+model = dh.loaded_model(a)
 ids = torch.randint(0, 1000, (1, 32))
 ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, min_new_tokens=8)
 if mode == "ncr":
